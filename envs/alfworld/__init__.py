@@ -1,0 +1,1 @@
+"""alfworld environment (being built)."""

@@ -1,0 +1,118 @@
+"""The environment interface: an `Env` plays one episode at a time inside an env-pool worker; an
+`EnvSpec` (registered by name, picklable, lives in the main process) knows the env's splits, task
+types, prompt template, action parser and expert, and makes `Env`s.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass
+class StepOutcome:
+    """What the env returns from reset (reward 0, done False) and from each step.
+
+    info may hold: "task" (the goal text, set by reset), "invalid" (the env did not accept the
+    action), "env_error" (set by the pool when a worker crashed or hung).
+    """
+
+    observation: str
+    reward: float = 0.0
+    done: bool = False
+    won: bool = False
+    admissible: list[str] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Env(Protocol):
+    def reset(self, task_id: str) -> StepOutcome: ...
+    def step(self, action: str) -> StepOutcome: ...
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ParsedAction:
+    """A model answer turned into an env action. `valid` is False when the answer did not follow
+    the format; `action` is then what the env receives (the env treats it as it would any
+    unrecognized command)."""
+
+    action: str
+    valid: bool
+
+
+class Expert(Protocol):
+    """An expert policy for one episode: the env action to take after `outcome`."""
+
+    def act(self, outcome: StepOutcome) -> str: ...
+
+
+@dataclass
+class PromptContext:
+    """Everything a prompt template may show at one turn."""
+
+    task: str  # the goal
+    step: int  # steps already taken (0 at the first turn)
+    observation: str  # current observation
+    history: list[tuple[str, str]]  # the last `history_length` (observation, action) pairs, oldest first
+    admissible: list[str] | None = None
+    answer_format: str = "think_action"
+
+
+class EnvSpec(Protocol):
+    name: str
+    default_max_turns: int
+
+    def splits(self) -> list[str]: ...
+    def tasks(self, split: str) -> list[str]: ...  # deterministic order
+    def task_type(self, task_id: str) -> str: ...
+    def make(self) -> Env: ...  # called inside a worker process
+    def expert(self, task_id: str) -> Expert: ...
+    def parse_action(self, text: str) -> ParsedAction: ...
+    def render_prompt(self, ctx: PromptContext) -> str: ...  # the user message of one turn
+
+
+# ---- answer formats shared by all envs ------------------------------------------------------
+
+ANSWER_FORMATS = ("think_action", "action")
+
+ANSWER_INSTRUCTIONS = {
+    "think_action": (
+        "You should first reason step-by-step about the current situation. This reasoning process "
+        "MUST be enclosed within <think> </think> tags. Once you've finished your reasoning, you "
+        "should choose an action for the current step and present it within <action> </action> tags."
+    ),
+    "action": "Present your action for the current step within <action> </action> tags.",
+}
+
+_ACTION_RE = re.compile(r"<action>(.*?)</action>", re.DOTALL)
+_OPEN_ACTION_RE = re.compile(r"<action>(.*)\Z", re.DOTALL)
+
+
+def format_answer(action: str, answer_format: str = "think_action", thought: str = "") -> str:
+    """How a model's answer that takes `action` looks (expert demonstrations use this)."""
+    if answer_format == "think_action":
+        return f"<think>{thought}</think><action>{action}</action>"
+    if answer_format == "action":
+        return f"<action>{action}</action>"
+    raise ValueError(f"unknown answer_format {answer_format!r}; allowed: {', '.join(ANSWER_FORMATS)}")
+
+
+def extract_action(text: str, max_chars: int = 500) -> ParsedAction:
+    """The action inside the last <action>...</action> of a model answer.
+
+    A missing closing tag is accepted (generation often stops at the stop string "</action>",
+    which is then not part of the text). No tag at all, an empty action or one longer than
+    `max_chars` is invalid; the stripped raw text (cut to max_chars) is passed on instead.
+    """
+    found = _ACTION_RE.findall(text)
+    if not found:
+        open_tag = _OPEN_ACTION_RE.search(text)
+        found = [open_tag.group(1)] if open_tag else []
+    if found:
+        action = " ".join(found[-1].split())
+        if action and len(action) <= max_chars:
+            return ParsedAction(action=action, valid=True)
+    return ParsedAction(action=" ".join(text.split())[:max_chars], valid=False)

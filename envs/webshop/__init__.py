@@ -1,0 +1,1 @@
+"""webshop environment (being built)."""

@@ -1,0 +1,1 @@
+"""Teacher backends and per-task teacher specs (being built)."""

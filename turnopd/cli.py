@@ -1,0 +1,36 @@
+"""`turnopd` command line: one subcommand per module in turnopd/commands (each has `register`)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Each module defines register(subparsers) which adds its parser and sets `func(args) -> int`.
+COMMAND_MODULES = [
+    "turnopd.commands.recipe",  # distill, show
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="turnopd",
+        description="Turn-aware on-policy distillation of long-horizon LLM agents.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""CLI subcommands (see turnopd/cli.py)."""

@@ -1,0 +1,285 @@
+"""Recipes: OmegaConf YAML validated against these dataclasses.
+
+A recipe may extend others with `defaults: [base.yaml, ...]` (paths relative to the recipe; merged
+in order, then the recipe, then command-line `key=value` overrides). Unknown keys, wrong types and
+values outside a field's allowed set fail at once with a RecipeError naming key, value and what is
+allowed. Allowed sets live in field metadata: `choices` (a tuple, or a callable returning the names
+registered at run time) and `range` (inclusive numeric bounds, None = unbounded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot run: names the key, the value and what is allowed."""
+
+
+def _choices(*names: str) -> dict[str, Any]:
+    return {"choices": names}
+
+
+def _range(lo: float | None = None, hi: float | None = None) -> dict[str, Any]:
+    return {"range": (lo, hi)}
+
+
+def _env_names() -> list[str]:
+    from envs import ENVS
+
+    return ENVS.names()
+
+
+def _policy_backends() -> list[str]:
+    from turnopd.rollout import POLICY_BACKENDS
+
+    return POLICY_BACKENDS.names()
+
+
+@dataclass
+class EnvConfig:
+    name: str = field(default="alfworld", metadata={"choices": _env_names})
+    train_split: str = "train"
+    eval_split: str = "valid_unseen"
+    max_turns: int = field(default=50, metadata=_range(1))
+    history_length: int = field(default=2, metadata=_range(0))
+    # prompt template and answer format of the env's prompt (see envs/base.py)
+    template: str = "default"
+    answer_format: str = field(default="think_action", metadata=_choices("think_action", "action"))
+    invalid_action_penalty: float = 0.0
+    num_workers: int = field(default=2, metadata=_range(1))
+    step_timeout_s: float = field(default=60.0, metadata=_range(0.1))
+    task_types: list[str] = field(default_factory=list)  # empty: all task types of the split
+    max_tasks: int | None = None  # first N tasks of the split (after task_types), None: all
+    options: dict[str, Any] = field(default_factory=dict)  # env-specific settings
+
+
+@dataclass
+class ModelConfig:
+    """A student model: a Hugging Face directory or hub name, or one that `turnopd model` builds."""
+
+    path: str = MISSING
+    dtype: str = field(default="auto", metadata=_choices("auto", "float32", "bfloat16", "float16"))
+    # name of a model preparation (e.g. a tiny model built from the env's text, or smollm2-135m)
+    # run once and cached when `path` does not exist yet; see turnopd.models
+    prepare: str | None = None
+    prepare_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PolicyConfig:
+    """Student generation (rollouts)."""
+
+    backend: str = field(default="transformers", metadata={"choices": _policy_backends})
+    temperature: float = field(default=1.0, metadata=_range(0.0))
+    top_p: float = field(default=1.0, metadata=_range(0.0, 1.0))
+    max_new_tokens: int = field(default=128, metadata=_range(1))
+    stop: list[str] = field(default_factory=lambda: ["</action>"])
+    max_batch_size: int = field(default=32, metadata=_range(1))
+    options: dict[str, Any] = field(default_factory=dict)  # backend-specific (e.g. vLLM engine args)
+
+
+@dataclass
+class ObjectiveConfig:
+    estimator: str = field(default="k1", metadata=_choices("k1", "k3", "topk", "full"))
+    kind: str = field(default="reverse", metadata=_choices("reverse", "forward", "jsd"))
+    jsd_beta: float = field(default=0.5, metadata=_range(0.0, 1.0))
+    topk: int = field(default=20, metadata=_range(1))
+    clip_eps: float | None = None  # PPO-style ratio clip for k1; None: no clip
+    chunk_size: int = field(default=256, metadata=_range(1))
+
+
+@dataclass
+class LossConfig:
+    mode: str = field(default="progressive", metadata=_choices(
+        "token_mean", "trajectory", "turn", "constant", "progressive", "token", "sequence"))
+    constant_k: float | None = None
+    alpha_schedule: str = field(default="linear", metadata=_choices("linear", "cosine", "step", "constant"))
+    alpha_start: float = field(default=0.0, metadata=_range(0.0, 1.0))
+    alpha_end: float = field(default=1.0, metadata=_range(0.0, 1.0))
+
+
+@dataclass
+class DepthConfig:
+    mode: str = field(default="adaptive", metadata=_choices("adaptive", "full", "fixed", "curriculum"))
+    h_min: int = field(default=2, metadata=_range(1))
+    h_max: int = field(default=50, metadata=_range(1))
+    quantile: float = field(default=0.8, metadata=_range(0.0, 1.0))
+    min_successes: int = field(default=8, metadata=_range(0))
+    ema: float = field(default=0.3, metadata=_range(0.0, 1.0))
+    warmup_steps: int = field(default=3, metadata=_range(0))
+    probe_every: int = field(default=8, metadata=_range(1))
+    num_probes: int = field(default=16, metadata=_range(1))
+    fixed_cap: int | None = None
+    curriculum_interval: int = field(default=1, metadata=_range(1))
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = field(default=100, metadata=_range(1))  # optimizer steps K
+    episodes_per_step: int = field(default=16, metadata=_range(1))
+    lr: float = field(default=1e-6, metadata=_range(0.0))
+    lr_schedule: str = field(default="constant", metadata=_choices("constant", "cosine", "linear"))
+    lr_warmup_steps: int = field(default=0, metadata=_range(0))
+    weight_decay: float = field(default=0.0, metadata=_range(0.0))
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    grad_clip: float = field(default=1.0, metadata=_range(0.0))
+    micro_batch_tokens: int = field(default=4096, metadata=_range(1))
+    zero_stage: int = field(default=0, metadata=_range(0, 3))
+    # extra DeepSpeed config: a mapping merged over the generated one, or a path to a JSON file
+    deepspeed: Any = None
+    activation_checkpointing: bool = False
+    dtype: str = field(default="auto", metadata=_choices("auto", "float32", "bfloat16"))
+    max_bad_steps: int = field(default=3, metadata=_range(1))  # NaN/inf steps in a row before stopping
+
+
+@dataclass
+class EvalConfig:
+    every: int = field(default=0, metadata=_range(0))  # 0: only at start and end
+    split: str | None = None  # None: env.eval_split
+    k: int = field(default=1, metadata=_range(1))  # Avg@k; k = 1 is greedy
+    temperature: float = field(default=1.0, metadata=_range(0.0))  # sampling temperature for k > 1
+    max_tasks: int | None = None  # evaluate the first N tasks of the split, None: all
+    at_start: bool = True
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = field(default=0, metadata=_range(0))  # 0: only at the end
+    keep_last: int = field(default=2, metadata=_range(1))
+
+
+@dataclass
+class PipelineConfig:
+    mode: str = field(default="sync", metadata=_choices("sync", "one_step_off", "pool"))
+    max_staleness: int = field(default=1, metadata=_range(0))
+
+
+@dataclass
+class RunConfig:
+    name: str = MISSING
+    seed: int = 0
+    output_dir: str = "runs"
+    data_dir: str | None = None  # else $TURNOPD_DATA, else ../shared/data (see turnopd.data)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    student: ModelConfig = field(default_factory=ModelConfig)
+    # teacher spec per env name (path to a teachers/<task>/teacher.yaml, relative to the repo)
+    teachers: dict[str, str] = field(default_factory=dict)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    depth: DepthConfig = field(default_factory=DepthConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    tensorboard: bool = True
+
+
+def _load_yaml_with_defaults(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
+    path = path.resolve()
+    if not path.is_file():
+        raise RecipeError(f"recipe file not found: {path}")
+    if path in seen:
+        raise RecipeError(f"recipe defaults form a cycle: {' -> '.join(map(str, (*seen, path)))}")
+    try:
+        raw = OmegaConf.load(path)
+    except Exception as exc:  # yaml syntax errors
+        raise RecipeError(f"cannot parse recipe {path}: {exc}") from exc
+    if not isinstance(raw, DictConfig):
+        raise RecipeError(f"recipe {path} must be a mapping at the top level")
+    bases = raw.pop("defaults", [])
+    if isinstance(bases, str):
+        bases = [bases]
+    merged = OmegaConf.create()
+    for base in bases:
+        merged = OmegaConf.merge(merged, _load_yaml_with_defaults(path.parent / str(base), (*seen, path)))
+    return OmegaConf.merge(merged, raw)
+
+
+def compose(recipe: str | os.PathLike[str], overrides: Sequence[str] = ()) -> DictConfig:
+    """The recipe with its defaults and overrides merged, before schema validation."""
+    cfg = _load_yaml_with_defaults(Path(recipe))
+    if overrides:
+        bad = [o for o in overrides if "=" not in o]
+        if bad:
+            raise RecipeError(f"overrides must be key=value, got {bad}")
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    return cfg
+
+
+def _check_allowed(obj: Any, prefix: str = "") -> None:
+    """Walk the dataclass tree and enforce the `choices` and `range` metadata."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            _check_allowed(value, key + ".")
+            continue
+        choices = f.metadata.get("choices")
+        if choices is not None:
+            allowed = choices() if callable(choices) else choices
+            if value not in allowed:
+                raise RecipeError(f"recipe key '{key}': {value!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
+        bounds = f.metadata.get("range")
+        if bounds is not None and value is not None:
+            lo, hi = bounds
+            if (lo is not None and value < lo) or (hi is not None and value > hi):
+                raise RecipeError(f"recipe key '{key}': {value!r} is out of range "
+                                  f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]")
+
+
+def _check_consistency(cfg: RunConfig) -> None:
+    """Cross-field rules that a per-field check cannot see."""
+    d = cfg.depth
+    if d.h_min > d.h_max:
+        raise RecipeError(f"recipe keys 'depth.h_min'={d.h_min} > 'depth.h_max'={d.h_max}")
+    if d.mode == "fixed" and (d.fixed_cap is None or not 1 <= d.fixed_cap <= d.h_max):
+        raise RecipeError(f"recipe key 'depth.fixed_cap': {d.fixed_cap!r}; depth.mode=fixed needs 1 <= fixed_cap <= h_max={d.h_max}")
+    if d.h_max > cfg.env.max_turns:
+        raise RecipeError(f"recipe key 'depth.h_max'={d.h_max} exceeds 'env.max_turns'={cfg.env.max_turns}")
+    if cfg.loss.mode == "constant" and (cfg.loss.constant_k is None or cfg.loss.constant_k <= 0):
+        raise RecipeError(f"recipe key 'loss.constant_k': {cfg.loss.constant_k!r}; loss.mode=constant needs constant_k > 0")
+    if cfg.loss.alpha_schedule != "constant" and cfg.loss.alpha_end <= cfg.loss.alpha_start:
+        raise RecipeError(f"recipe keys 'loss.alpha_start'={cfg.loss.alpha_start} and 'loss.alpha_end'="
+                          f"{cfg.loss.alpha_end}: need alpha_end > alpha_start")
+    if cfg.objective.kind == "jsd" and not 0.0 < cfg.objective.jsd_beta < 1.0:
+        raise RecipeError(f"recipe key 'objective.jsd_beta': {cfg.objective.jsd_beta}; kind=jsd needs 0 < beta < 1")
+    if cfg.env.name not in cfg.teachers:
+        raise RecipeError(f"recipe key 'teachers': no teacher for env {cfg.env.name!r}; "
+                          f"set teachers.{cfg.env.name}=<path to teacher.yaml>")
+
+
+def validate(cfg: DictConfig, checks: Sequence[Callable[[RunConfig], None]] = (_check_consistency,)) -> RunConfig:
+    """Validate a composed recipe against RunConfig; returns the typed object."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
+        missing = sorted(OmegaConf.missing_keys(merged))
+        if missing:
+            raise RecipeError(f"recipe keys missing a value: {', '.join(missing)}")
+        run: RunConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        msg = getattr(exc, "msg", None) or str(exc)
+        raise RecipeError(f"recipe key '{key}': {msg.splitlines()[0]}") from None
+    _check_allowed(run)
+    for check in checks:
+        check(run)
+    return run
+
+
+def load_recipe(recipe: str | os.PathLike[str], overrides: Sequence[str] = ()) -> RunConfig:
+    """Compose, validate and return a recipe as a RunConfig."""
+    return validate(compose(recipe, overrides))
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

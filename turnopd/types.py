@@ -1,0 +1,184 @@
+"""The small typed records that flow through TurnOPD: a Turn, a Trajectory, a flat TokenBatch.
+
+Token convention everywhere: a log-prob stored "at token p" is log pi(token_p | tokens_<p).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Turn:
+    """One decision of the agent: the prompt it saw, the tokens it generated, and their scores."""
+
+    index: int
+    observation: str
+    prompt_ids: list[int]
+    action_ids: list[int]
+    student_logprobs: list[float]
+    action_text: str = ""
+    teacher_logprobs: list[float] | None = None
+    # Optional teacher top-k per action token: ids [n_action][k] and their log-probs.
+    teacher_topk_ids: list[list[int]] | None = None
+    teacher_topk_logprobs: list[list[float]] | None = None
+    reward: float = 0.0
+    invalid: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.student_logprobs) != len(self.action_ids):
+            raise ValueError(
+                f"turn {self.index}: {len(self.action_ids)} action tokens but "
+                f"{len(self.student_logprobs)} student log-probs"
+            )
+
+
+@dataclass
+class Trajectory:
+    """One episode of one task, as played by the student (possibly stopped by the depth cap)."""
+
+    task_id: str
+    env_name: str
+    turns: list[Turn] = field(default_factory=list)
+    success: bool = False
+    truncated: bool = False  # stopped by the rollout-depth cap before the env ended it
+    is_probe: bool = False  # a full-depth probe rollout for the depth controller
+    task_type: str = ""
+    failed_by_env: bool = False  # the env worker crashed or hung during this episode
+    weight_version: int = 0  # policy weight version that generated it (async pipelines)
+
+    @property
+    def depth(self) -> int:
+        return len(self.turns)
+
+    @property
+    def invalid_actions(self) -> int:
+        return sum(turn.invalid for turn in self.turns)
+
+    @property
+    def num_action_tokens(self) -> int:
+        return sum(len(turn.action_ids) for turn in self.turns)
+
+
+@dataclass
+class ScoredSequence:
+    """A token sequence to run through a model once, with the spans of student action tokens.
+
+    spans: (start, end, turn_index) -- tokens ids[start:end] are turn `turn_index`'s action.
+    """
+
+    ids: list[int]
+    spans: list[tuple[int, int, int]]
+
+
+def trajectory_sequences(traj: Trajectory) -> list[ScoredSequence]:
+    """Split a trajectory into the fewest sequences that reproduce what the student saw.
+
+    When every turn's prompt extends the previous prompt + action (a multi-turn chat that only
+    appends), the whole trajectory is ONE sequence and one forward pass scores every turn. When
+    the prompt re-renders a history window (verl-agent style), a turn's prompt is not such an
+    extension and starts a new sequence, so each turn is scored on exactly the window it saw.
+    """
+    sequences: list[ScoredSequence] = []
+    for turn in traj.turns:
+        current = sequences[-1] if sequences else None
+        if current is not None and turn.prompt_ids[: len(current.ids)] == current.ids:
+            current.ids.extend(turn.prompt_ids[len(current.ids) :])
+        else:
+            current = ScoredSequence(ids=list(turn.prompt_ids), spans=[])
+            sequences.append(current)
+        start = len(current.ids)
+        current.ids.extend(turn.action_ids)
+        current.spans.append((start, len(current.ids), turn.index))
+    return sequences
+
+
+@dataclass
+class TokenBatch:
+    """Trajectories flattened into concatenated sequences (1-D tensors, split by `seq_lens`).
+
+    loss_mask marks student action tokens; traj_ids / turn_ids give, per token, the index of its
+    trajectory in the batch and its turn (-1 on prompt tokens). old_logprobs are the student's
+    sampling log-probs, teacher_logprobs the teacher's (0 where not scored).
+    """
+
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    traj_ids: torch.Tensor
+    turn_ids: torch.Tensor
+    old_logprobs: torch.Tensor
+    teacher_logprobs: torch.Tensor
+    seq_lens: torch.Tensor
+    num_trajectories: int
+    teacher_topk_ids: torch.Tensor | None = None  # [N, k] (0 off the mask)
+    teacher_topk_logprobs: torch.Tensor | None = None  # [N, k] (-inf off the mask)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    @property
+    def num_action_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+    def sequences(self) -> list[slice]:
+        """Slices of the flat tensors, one per sequence."""
+        ends = torch.cumsum(self.seq_lens, 0).tolist()
+        starts = [0, *ends[:-1]]
+        return [slice(s, e) for s, e in zip(starts, ends, strict=True)]
+
+
+def build_token_batch(trajectories: list[Trajectory]) -> TokenBatch:
+    """Flatten scored trajectories into a TokenBatch (see `trajectory_sequences`)."""
+    ids: list[int] = []
+    mask: list[bool] = []
+    traj_ids: list[int] = []
+    turn_ids: list[int] = []
+    old_lp: list[float] = []
+    teacher_lp: list[float] = []
+    seq_lens: list[int] = []
+    topk_rows: list[tuple[int, list[int], list[float]]] = []  # (flat position, ids, logprobs)
+    for traj_index, traj in enumerate(trajectories):
+        turns = {turn.index: turn for turn in traj.turns}
+        for seq in trajectory_sequences(traj):
+            offset = len(ids)
+            n = len(seq.ids)
+            ids.extend(seq.ids)
+            mask.extend([False] * n)
+            traj_ids.extend([traj_index] * n)
+            turn_ids.extend([-1] * n)
+            old_lp.extend([0.0] * n)
+            teacher_lp.extend([0.0] * n)
+            for start, end, turn_index in seq.spans:
+                turn = turns[turn_index]
+                for j, p in enumerate(range(offset + start, offset + end)):
+                    mask[p] = True
+                    turn_ids[p] = turn_index
+                    old_lp[p] = turn.student_logprobs[j]
+                    if turn.teacher_logprobs is not None:
+                        teacher_lp[p] = turn.teacher_logprobs[j]
+                    if turn.teacher_topk_ids is not None and turn.teacher_topk_logprobs is not None:
+                        topk_rows.append((p, turn.teacher_topk_ids[j], turn.teacher_topk_logprobs[j]))
+            seq_lens.append(n)
+    topk_ids = topk_lp = None
+    if topk_rows:
+        k = max(len(row[1]) for row in topk_rows)
+        topk_ids = torch.zeros(len(ids), k, dtype=torch.long)
+        topk_lp = torch.full((len(ids), k), float("-inf"))
+        for p, row_ids, row_lp in topk_rows:
+            topk_ids[p, : len(row_ids)] = torch.tensor(row_ids, dtype=torch.long)
+            topk_lp[p, : len(row_lp)] = torch.tensor(row_lp, dtype=torch.float32)
+    return TokenBatch(
+        input_ids=torch.tensor(ids, dtype=torch.long),
+        loss_mask=torch.tensor(mask, dtype=torch.bool),
+        traj_ids=torch.tensor(traj_ids, dtype=torch.long),
+        turn_ids=torch.tensor(turn_ids, dtype=torch.long),
+        old_logprobs=torch.tensor(old_lp, dtype=torch.float32),
+        teacher_logprobs=torch.tensor(teacher_lp, dtype=torch.float32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.long),
+        num_trajectories=len(trajectories),
+        teacher_topk_ids=topk_ids,
+        teacher_topk_logprobs=topk_lp,
+    )
