@@ -89,7 +89,7 @@ class PolicyConfig:
 
 @dataclass
 class ObjectiveConfig:
-    estimator: str = field(default="k1", metadata=_choices("k1", "k3", "topk", "full"))
+    estimator: str = field(default="k1", metadata=_choices("k1", "k3", "topk", "full", "nll"))
     kind: str = field(default="reverse", metadata=_choices("reverse", "forward", "jsd"))
     jsd_beta: float = field(default=0.5, metadata=_range(0.0, 1.0))
     topk: int = field(default=20, metadata=_range(1))
@@ -258,14 +258,16 @@ def _check_consistency(cfg: RunConfig) -> None:
                           f"set teachers.{cfg.env.name}=<path to teacher.yaml>")
 
 
-def validate(cfg: DictConfig, checks: Sequence[Callable[[RunConfig], None]] = (_check_consistency,)) -> RunConfig:
-    """Validate a composed recipe against RunConfig; returns the typed object."""
+def validate(cfg: DictConfig, schema: type = RunConfig,
+             checks: Sequence[Callable[[Any], None]] = (_check_consistency,)) -> Any:
+    """Validate a composed recipe against a dataclass schema (RunConfig by default); returns the
+    typed object."""
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
+        merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
             raise RecipeError(f"recipe keys missing a value: {', '.join(missing)}")
-        run: RunConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+        run = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"
         msg = getattr(exc, "msg", None) or str(exc)
@@ -281,5 +283,5 @@ def load_recipe(recipe: str | os.PathLike[str], overrides: Sequence[str] = ()) -
     return validate(compose(recipe, overrides))
 
 
-def to_yaml(cfg: RunConfig) -> str:
+def to_yaml(cfg: Any) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))

@@ -197,6 +197,12 @@ def k3_loss(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -> t
     return torch.exp(log_ratio) - log_ratio - 1.0
 
 
+@ESTIMATORS.register("nll")
+def nll_loss(student_logprobs: torch.Tensor) -> torch.Tensor:
+    """Supervised fine-tuning on the given tokens (teacher SFT): l = -s."""
+    return -student_logprobs
+
+
 def with_tail_bucket(topk_logp: torch.Tensor, min_tail: float = 1e-12) -> torch.Tensor:
     """Append log(1 - sum_k p_k) as a (k+1)-th bucket so the k log-probs become a distribution.
     The tail is floored at `min_tail` so that a top-k holding all the mass stays finite."""
