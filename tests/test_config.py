@@ -1,0 +1,73 @@
+"""Recipes: composition, overrides and the errors that name key, value and what is allowed."""
+
+import pytest
+
+from turnopd.cli import main
+from turnopd.config import RecipeError, load_recipe
+
+BASE = """
+name: base-run
+student: {path: /models/student}
+teachers: {alfworld: teachers/alfworld/teacher.yaml}
+env: {name: alfworld, max_turns: 50}
+trainer: {steps: 20, lr: 1.0e-5}
+"""
+
+
+@pytest.fixture
+def recipes(tmp_path):
+    (tmp_path / "base.yaml").write_text(BASE)
+    (tmp_path / "child.yaml").write_text("defaults: [base.yaml]\nname: child\nloss: {mode: turn}\n")
+    (tmp_path / "grandchild.yaml").write_text("defaults: child.yaml\ntrainer: {steps: 7}\n")
+    return tmp_path
+
+
+def test_defaults_compose_in_order_then_overrides(recipes):
+    cfg = load_recipe(recipes / "grandchild.yaml", ["depth.h_max=30", "seed=3"])
+    assert cfg.name == "child"  # from child, over base
+    assert cfg.loss.mode == "turn"
+    assert cfg.trainer.steps == 7 and cfg.trainer.lr == 1e-5  # grandchild over base, base kept
+    assert cfg.depth.h_max == 30 and cfg.seed == 3
+    assert cfg.depth.ema == 0.3 and cfg.depth.h_min == 2  # paper defaults
+
+
+@pytest.mark.parametrize("override, message", [
+    (["trainer.stepz=3"], "recipe key 'trainer.stepz'"),
+    (["trainer.steps=abc"], "recipe key 'trainer.steps'"),
+    (["loss.mode=tokenwise"], "recipe key 'loss.mode': 'tokenwise' is not allowed; allowed: token_mean, trajectory, turn"),
+    (["objective.estimator=k2"], "allowed: k1, k3, topk, full, nll"),
+    (["depth.ema=1.5"], "recipe key 'depth.ema': 1.5 is out of range [0.0, 1.0]"),
+    (["env.name=minecraft"], "recipe key 'env.name': 'minecraft' is not allowed; allowed: alfworld"),
+    (["depth.mode=fixed"], "depth.mode=fixed needs 1 <= fixed_cap <= h_max=50"),
+    (["depth.h_max=60"], "'depth.h_max'=60 exceeds 'env.max_turns'=50"),
+    (["loss.mode=constant"], "loss.mode=constant needs constant_k > 0"),
+    (["env.name=webshop", "depth.h_max=15", "env.max_turns=15"], "no teacher for env 'webshop'"),
+    (["trainer.steps"], "overrides must be key=value"),
+])
+def test_bad_values_name_the_key(recipes, override, message):
+    with pytest.raises(RecipeError) as err:
+        load_recipe(recipes / "base.yaml", override)
+    assert message in str(err.value)
+
+
+def test_missing_required_key(tmp_path):
+    (tmp_path / "r.yaml").write_text("teachers: {alfworld: t.yaml}\n")
+    with pytest.raises(RecipeError, match="missing a value: name, student.path"):
+        load_recipe(tmp_path / "r.yaml")
+
+
+def test_defaults_cycle_and_missing_file(tmp_path):
+    (tmp_path / "a.yaml").write_text("defaults: [b.yaml]\n")
+    (tmp_path / "b.yaml").write_text("defaults: [a.yaml]\n")
+    with pytest.raises(RecipeError, match="cycle"):
+        load_recipe(tmp_path / "a.yaml")
+    with pytest.raises(RecipeError, match="recipe file not found"):
+        load_recipe(tmp_path / "nope.yaml")
+
+
+def test_cli_show_and_errors(recipes, capsys):
+    assert main(["show", str(recipes / "child.yaml"), "trainer.steps=5"]) == 0
+    out = capsys.readouterr().out
+    assert "name: child" in out and "steps: 5" in out and "mode: turn" in out
+    assert main(["show", str(recipes / "child.yaml"), "loss.mode=bad"]) == 2
+    assert "recipe key 'loss.mode': 'bad' is not allowed" in capsys.readouterr().err

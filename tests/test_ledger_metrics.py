@@ -1,0 +1,60 @@
+"""The wall-clock ledger, metrics.jsonl writing/reading and atomic checkpoints."""
+
+import json
+import os
+
+import pytest
+
+from turnopd.ledger import Ledger
+from turnopd.metrics import MetricsWriter, read_metrics, truncate_after_step
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_ledger_phases_nesting_and_training_clock():
+    clock = FakeClock()
+    ledger = Ledger(train_time_offset=10.0, wall_time_offset=12.0, clock=clock)
+    with ledger.phase("rollout"):
+        clock.now += 3
+    with ledger.phase("probe"):
+        clock.now += 1
+        with ledger.phase("teacher"):  # nested: absorbed by "probe"
+            clock.now += 2
+    with ledger.phase("eval"):
+        clock.now += 5
+    clock.now += 0.5  # loop overhead counts as training time
+    assert ledger.end_step() == {"rollout": 3, "probe": 3, "eval": 5}
+    # wall: 12 + 11.5 = 23.5; training: 10 + 11.5 - 5 (eval) = 16.5
+    assert ledger.wall_time() == pytest.approx(23.5)
+    assert ledger.train_time() == pytest.approx(16.5)
+    assert ledger.end_step() == {}
+    assert ledger.totals["eval"] == 5
+
+
+def test_metrics_written_whole_lines_and_truncated_line_skipped(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    writer = MetricsWriter(path)
+    for step in (1, 2, 3):
+        writer.write({"kind": "train", "step": step, "loss": 0.1 * step})
+    writer.close()
+    with open(path, "a") as f:
+        f.write('{"kind": "train", "st')  # a torn line from a crash
+    with pytest.warns(UserWarning, match="truncated or corrupt"):
+        records = read_metrics(path)
+    assert [r["step"] for r in records] == [1, 2, 3]
+
+
+def test_truncate_after_step_on_resume(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    lines = [{"kind": "start"}, {"kind": "eval", "step": 0}, {"kind": "train", "step": 1},
+             {"kind": "train", "step": 2}, {"kind": "eval", "step": 2}, {"kind": "train", "step": 3}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert truncate_after_step(path, 2) == 1
+    assert [r.get("step") for r in read_metrics(path)] == [None, 0, 1, 2, 2]
+    assert not os.path.exists(str(path) + ".tmp")

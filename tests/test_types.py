@@ -1,0 +1,55 @@
+"""Trajectories to sequences and to the flat token batch."""
+
+import pytest
+import torch
+
+from turnopd.types import Trajectory, Turn, build_token_batch, trajectory_sequences
+
+
+def turn(index, prompt, action, teacher=None):
+    return Turn(index, f"obs{index}", prompt, action, [-0.1 * (j + 1) for j in range(len(action))],
+                teacher_logprobs=teacher)
+
+
+def test_append_only_chat_is_one_sequence():
+    # turn 1's prompt = turn 0's prompt + action + new observation tokens
+    t0 = turn(0, [1, 2], [3, 4])
+    t1 = turn(1, [1, 2, 3, 4, 5], [6])
+    seqs = trajectory_sequences(Trajectory("a", "env", [t0, t1]))
+    assert len(seqs) == 1
+    assert seqs[0].ids == [1, 2, 3, 4, 5, 6]
+    assert seqs[0].spans == [(2, 4, 0), (5, 6, 1)]
+
+
+def test_history_window_prompts_are_one_sequence_per_turn():
+    t0 = turn(0, [1, 2], [3])
+    t1 = turn(1, [1, 9, 3], [4])  # re-rendered window: not an extension of [1, 2, 3]
+    seqs = trajectory_sequences(Trajectory("a", "env", [t0, t1]))
+    assert [s.ids for s in seqs] == [[1, 2, 3], [1, 9, 3, 4]]
+    assert [s.spans for s in seqs] == [[(2, 3, 0)], [(3, 4, 1)]]
+
+
+def test_build_token_batch_fields():
+    a = Trajectory("a", "env", [turn(0, [1, 2], [3, 4], teacher=[-0.5, -0.6]),
+                                turn(1, [1, 2, 3, 4, 5], [6], teacher=[-0.7])])
+    b = Trajectory("b", "env", [turn(0, [7], [8], teacher=[-0.9])])
+    batch = build_token_batch([a, b])
+    assert batch.input_ids.tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert batch.seq_lens.tolist() == [6, 2]
+    assert batch.loss_mask.tolist() == [False, False, True, True, False, True, False, True]
+    assert batch.traj_ids.tolist() == [0, 0, 0, 0, 0, 0, 1, 1]
+    assert batch.turn_ids.tolist() == [-1, -1, 0, 0, -1, 1, -1, 0]
+    assert torch.allclose(batch.old_logprobs[batch.loss_mask], torch.tensor([-0.1, -0.2, -0.1, -0.1]))
+    assert torch.allclose(batch.teacher_logprobs[batch.loss_mask], torch.tensor([-0.5, -0.6, -0.7, -0.9]))
+    assert batch.num_trajectories == 2 and batch.num_action_tokens == 4
+    assert [batch.input_ids[s].tolist() for s in batch.sequences()] == [[1, 2, 3, 4, 5, 6], [7, 8]]
+    assert batch.teacher_topk_ids is None
+
+
+def test_top_k_rows_land_on_their_tokens():
+    t = Turn(0, "o", [1], [2, 3], [-0.1, -0.2], teacher_logprobs=[-0.3, -0.4],
+             teacher_topk_ids=[[2, 5], [3, 5]], teacher_topk_logprobs=[[-0.3, -2.0], [-0.4, -1.5]])
+    batch = build_token_batch([Trajectory("a", "env", [t])])
+    assert batch.teacher_topk_ids.tolist() == [[0, 0], [2, 5], [3, 5]]
+    assert batch.teacher_topk_logprobs[0].tolist() == [float("-inf")] * 2
+    assert batch.teacher_topk_logprobs[2].tolist() == pytest.approx([-0.4, -1.5])

@@ -1,0 +1,313 @@
+"""`turnopd distill`: the on-policy distillation loop. One orchestrator, top to bottom.
+
+Per optimizer step k of K:
+    (probe: full-depth rollouts, teacher scoring, depth-controller update)  -- when the schedule says
+    rollouts at the current depth cap -> teacher scoring -> loss + optimizer step -> weight sync
+    -> metrics (+ evaluation every eval.every steps, + checkpoint every checkpoint.every steps)
+
+On a probe step the probes are that step's training batch (they are full-depth, on-policy and
+already scored: discarding them would waste their cost); the next steps use the updated cap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from envs import make_env_spec
+from envs.base import EnvSpec
+from envs.pool import EnvPool
+from teachers import check_tokenizers, load_teacher_spec, make_teacher, score_trajectories
+from turnopd import checkpoint as ckpt
+from turnopd.budget import DepthSchedule, loss_alpha, make_depth_schedule
+from turnopd.config import ModelConfig, RecipeError, RunConfig, to_yaml
+from turnopd.distributed import gather_objects, rank_and_world
+from turnopd.eval import EvalResult, avg_at_k, evaluate
+from turnopd.ledger import Ledger
+from turnopd.methods import method_of
+from turnopd.metrics import MetricsWriter, truncate_after_step
+from turnopd.models import prepare_model
+from turnopd.objective import turn_kl_profile
+from turnopd.progress import StepProgress, print_summary
+from turnopd.rollout import POLICY_BACKENDS, Policy, SamplingParams
+from turnopd.rollout.engine import rollout
+from turnopd.trainer import Trainer
+from turnopd.types import EpisodeSummary, Trajectory, build_token_batch
+
+
+@dataclass
+class Setup:
+    """Everything the loop needs, checked before any heavy work."""
+
+    spec: EnvSpec
+    train_tasks: list[str]
+    eval_tasks: list[str]
+    eval_split: str
+    student_path: Path
+    teacher_specs: dict[str, Any]
+
+
+def check_setup(cfg: RunConfig) -> Setup:
+    """Fail fast, with errors that name the problem: data, splits, model paths, teacher specs."""
+    spec = make_env_spec(cfg.env, cfg.data_dir)
+    train_tasks = spec.tasks(cfg.env.train_split)
+    eval_split = cfg.eval.split or cfg.env.eval_split
+    eval_tasks = spec.tasks(eval_split)[: cfg.eval.max_tasks]
+    if not train_tasks or not eval_tasks:
+        raise RecipeError(f"env {cfg.env.name!r}: split {cfg.env.train_split!r} has {len(train_tasks)} tasks and "
+                          f"{eval_split!r} has {len(eval_tasks)} after env.task_types/max_tasks; both need some")
+    teacher_specs = {env: load_teacher_spec(path) for env, path in cfg.teachers.items()}
+    student_path = Path(cfg.student.path).expanduser()
+    if not student_path.exists() and cfg.student.prepare is None:
+        raise RecipeError(f"recipe key 'student.path': {student_path} does not exist and 'student.prepare' is not "
+                          "set (name a model preparation, e.g. tiny or smollm2-135m, or point to a model folder)")
+    return Setup(spec, train_tasks, eval_tasks, eval_split, student_path, teacher_specs)
+
+
+def load_student(model_cfg: ModelConfig, path: Path):
+    """The student model (fp32 on CPU, bf16 on GPU for dtype auto) and its tokenizer; built once by
+    `student.prepare` when the folder does not exist yet."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not path.exists():
+        prepare_model(model_cfg.prepare, path, **model_cfg.prepare_options)
+    dtype = {"auto": torch.bfloat16 if torch.cuda.is_available() else torch.float32, "float32": torch.float32,
+             "bfloat16": torch.bfloat16, "float16": torch.float16}[model_cfg.dtype]
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype), AutoTokenizer.from_pretrained(path)
+
+
+def sample_tasks(tasks: list[str], n: int, seed: int, step: int, salt: int) -> list[str]:
+    """n training tasks for a step, a pure function of (seed, step, salt) so a resumed run draws
+    the same tasks as an uninterrupted one (with replacement only when n exceeds the split)."""
+    rng = np.random.default_rng([seed, step, salt])
+    return [tasks[i] for i in rng.choice(len(tasks), size=n, replace=n > len(tasks))]
+
+
+def new_run_dir(cfg: RunConfig) -> Path:
+    """runs/<name>, or runs/<name>-2, -3, ... when a run of that name exists (use --resume to continue it)."""
+    base = Path(cfg.output_dir) / cfg.name
+    run_dir, i = base, 1
+    while (run_dir / "metrics.jsonl").exists():
+        i += 1
+        run_dir = base.with_name(f"{base.name}-{i}")
+    return run_dir
+
+
+def check_resume_config(run_dir: Path, cfg: RunConfig) -> None:
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    now = OmegaConf.create(to_yaml(cfg))
+    diff = [k for k in set(saved) | set(now) if saved.get(k) != now.get(k)]
+    if diff:
+        raise RecipeError(f"--resume {run_dir}: the recipe differs from the run's config.yaml in {sorted(diff)}")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def step_sampling(cfg: RunConfig, step: int) -> SamplingParams:
+    p = cfg.policy
+    return SamplingParams(temperature=p.temperature, top_p=p.top_p, max_new_tokens=p.max_new_tokens,
+                          stop=tuple(p.stop), n=1, seed=cfg.seed * 1_000_003 + step)
+
+
+def play(cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Policy, step: int, *, cap: int, probe: bool,
+         ledger: Ledger) -> list[Trajectory]:
+    """This rank's share of the step's episodes (probes or training rollouts)."""
+    rank, world = rank_and_world()
+    n = cfg.depth.num_probes if probe else cfg.trainer.episodes_per_step
+    tasks = sample_tasks(setup.train_tasks, n, cfg.seed, step, salt=int(probe))[rank::world]
+    return rollout(setup.spec, pool, policy, tasks, env_config=cfg.env, sampling=step_sampling(cfg, step),
+                   cap=cap, is_probe=probe, ledger=ledger)
+
+
+def run_eval(cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Policy, step: int, ledger: Ledger) -> EvalResult:
+    """Avg@k on this rank's share of the eval tasks, combined over ranks."""
+    rank, world = rank_and_world()
+    local = evaluate(setup.spec, pool, policy, setup.eval_tasks[rank::world], split=setup.eval_split,
+                     env_config=cfg.env, policy_config=cfg.policy, k=cfg.eval.k,
+                     temperature=cfg.eval.temperature, seed=cfg.seed + step)
+    episodes = [e for part in gather_objects([EpisodeSummary.of(t) for t in local.trajectories]) for e in part]
+    overall, per_type = avg_at_k(episodes, cfg.eval.k)
+    return EvalResult(setup.eval_split, cfg.eval.k, overall, per_type, len(setup.eval_tasks),
+                      sum(e.depth for e in episodes) / len(episodes))
+
+
+def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: DepthSchedule, cap: int,
+                probed: bool, alpha: float, train: dict[str, Any], episodes: list[EpisodeSummary],
+                tokens_generated: int) -> dict[str, Any]:
+    last = getattr(depth, "last", {}) if probed else {}
+    turns = sum(e.depth for e in episodes)
+    return {
+        "kind": "train", "step": step, "train_time_s": ledger.train_time(), "wall_time_s": ledger.wall_time(),
+        "phases": phases, "rollout_depth_cap": cap, "probed": probed,
+        "h_eff": last.get("h_eff"), "h_cov": last.get("h_cov"), "alpha": alpha,
+        "loss": train["loss"], "grad_norm": train.get("grad_norm"), "lr": train.get("lr"),
+        "mean_kl": train["mean_kl"], "turn_kl_profile": turn_kl_profile(train["turn_kl"]),
+        "deep_turn_share": train["deep_turn_share"], "skipped": train["skipped"],
+        "tokens_generated": tokens_generated, "tokens_trained": train["tokens_trained"],
+        "episodes": len(episodes), "mean_turns": turns / len(episodes),
+        "success_rate": sum(e.success for e in episodes) / len(episodes),
+        "truncated_rate": sum(e.truncated for e in episodes) / len(episodes),
+        "invalid_action_rate": sum(e.invalid_actions for e in episodes) / max(turns, 1),
+        "env_failures": sum(e.failed_by_env for e in episodes),
+    }
+
+
+def run_distillation(cfg: RunConfig, resume: str | None = None, dry_run: bool = False) -> dict[str, Any]:
+    setup = check_setup(cfg)
+    run_dir = Path(resume) if resume else new_run_dir(cfg)
+    resume_from = ckpt.latest_checkpoint(run_dir) if resume else None
+    if resume:
+        if not (run_dir / "config.yaml").is_file():
+            raise RecipeError(f"--resume {run_dir}: not a run folder (no config.yaml)")
+        check_resume_config(run_dir, cfg)
+    rank, world = rank_and_world()
+    is_main = rank == 0
+    if dry_run:
+        print(f"recipe OK: env {cfg.env.name} ({len(setup.train_tasks)} train / {len(setup.eval_tasks)} "
+              f"{setup.eval_split} tasks), student {setup.student_path}, teachers "
+              f"{ {env: s.model for env, s in setup.teacher_specs.items()} }, run dir {run_dir}")
+        return {"dry_run": True}
+
+    seed_everything(cfg.seed)
+    student, tokenizer = load_student(cfg.student, setup.student_path)
+    teachers = {env: make_teacher(spec) for env, spec in setup.teacher_specs.items()}
+    for env, teacher in teachers.items():
+        check_tokenizers(tokenizer, teacher.tokenizer, str(setup.student_path), setup.teacher_specs[env].name)
+    teacher_module = teachers[cfg.env.name].model if cfg.objective.estimator == "full" else None
+    trainer = Trainer(student, cfg.trainer, cfg.objective, cfg.loss, cfg.trainer.steps, teacher_model=teacher_module)
+    policy = POLICY_BACKENDS.get(cfg.policy.backend)(trainer.module, tokenizer, cfg.policy)
+    depth = make_depth_schedule(cfg.depth.mode, **{k: v for k, v in dataclasses.asdict(cfg.depth).items()
+                                                   if k not in ("mode", "num_probes")})
+
+    start_step, ledger = 0, Ledger()
+    if resume_from is not None:
+        state = ckpt.load_loop_state(resume_from)
+        trainer.load(resume_from)
+        policy.update_weights(trainer.module)
+        depth.load_state_dict(state["depth"])
+        ckpt.load_rng(resume_from)
+        start_step = state["step"]
+        ledger = Ledger(train_time_offset=state["train_time_s"], wall_time_offset=state["wall_time_s"])
+        if is_main:
+            dropped = truncate_after_step(run_dir / "metrics.jsonl", start_step)
+            print(f"resuming {run_dir} from step {start_step} ({dropped} records past it dropped)")
+    elif resume and is_main:
+        truncate_after_step(run_dir / "metrics.jsonl", 0)  # killed before its first checkpoint: restart
+
+    writer = tb = None
+    if is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        writer = MetricsWriter(run_dir / "metrics.jsonl")
+        writer.write({"kind": "start", "name": cfg.name, "method": method_of(cfg.depth.mode, cfg.loss.mode),
+                      "seed": cfg.seed, "total_steps": cfg.trainer.steps, "resumed_from_step": start_step,
+                      "world_size": world})
+        if cfg.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            tb = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def log_eval(result: EvalResult, step: int) -> None:
+        if writer is not None:
+            writer.write({"kind": "eval", "step": step, "train_time_s": ledger.train_time(),
+                          "eval_time_s": ledger.step_phases.get("eval", 0.0), **result.record()})
+        if tb is not None:
+            tb.add_scalar(f"eval/avg_at_{result.k}", result.avg_at_k, step)
+
+    teacher_eval = None
+    summary: dict[str, Any] = {"run_dir": str(run_dir), "start_step": start_step}
+    with EnvPool(setup.spec, cfg.env.num_workers, cfg.env.step_timeout_s) as pool:
+        if start_step == 0 and cfg.eval.at_start:
+            with ledger.phase("eval"):
+                summary["eval_before"] = run_eval(cfg, setup, pool, policy, 0, ledger)
+                if cfg.eval.teacher:
+                    teacher_eval = evaluate_teacher(cfg, setup, teachers[cfg.env.name], tokenizer, pool)
+            log_eval(summary["eval_before"], 0)
+            ledger.end_step()
+
+        progress = StepProgress(cfg.trainer.steps, start_step, enabled=is_main)
+        bad_steps = 0
+        for step in range(start_step, cfg.trainer.steps):
+            probed = depth.should_probe(step)
+            if probed:
+                with ledger.phase("probe"):
+                    trajectories = play(cfg, setup, pool, policy, step, cap=cfg.env.max_turns, probe=True,
+                                        ledger=ledger)
+                    score_trajectories(teachers, trajectories)
+                    probes = [t for part in gather_objects(trajectories) for t in part if not t.failed_by_env]
+                    depth.update_from_trajectories(probes)
+                cap = cfg.env.max_turns
+            else:
+                cap = depth.cap_at(step)
+                trajectories = play(cfg, setup, pool, policy, step, cap=cap, probe=False, ledger=ledger)
+                with ledger.phase("teacher"):
+                    score_trajectories(teachers, trajectories)
+
+            alpha = loss_alpha(step, cfg.trainer.steps, cfg.loss.alpha_start, cfg.loss.alpha_end,
+                               cfg.loss.alpha_schedule) if cfg.loss.mode == "progressive" else 0.0
+            with ledger.phase("train"):
+                train = trainer.step(build_token_batch(trajectories), alpha)
+            bad_steps = bad_steps + 1 if train["skipped"] else 0
+            with ledger.phase("weight_sync"):
+                policy.update_weights(trainer.module)
+
+            done = step + 1
+            episodes = [e for part in gather_objects([EpisodeSummary.of(t) for t in trajectories]) for e in part]
+            record = step_record(done, ledger, ledger.end_step(), depth, cap, probed, alpha, train, episodes,
+                                 sum(e.action_tokens for e in episodes))
+            if writer is not None:
+                writer.write(record)
+            if tb is not None:
+                for key in ("loss", "mean_kl", "alpha", "rollout_depth_cap", "success_rate", "mean_turns",
+                            "deep_turn_share", "train_time_s"):
+                    tb.add_scalar(f"train/{key}", record[key], done)
+            progress.update(record)
+
+            if cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.trainer.steps:
+                with ledger.phase("eval"):
+                    result = run_eval(cfg, setup, pool, policy, done, ledger)
+                log_eval(result, done)
+            if done == cfg.trainer.steps:
+                with ledger.phase("eval"):
+                    summary["eval_after"] = run_eval(cfg, setup, pool, policy, done, ledger)
+                log_eval(summary["eval_after"], done)
+            if (cfg.checkpoint.every and done % cfg.checkpoint.every == 0) or done == cfg.trainer.steps:
+                with ledger.phase("checkpoint"):
+                    if is_main:
+                        ckpt.save_checkpoint(run_dir, done, trainer, {
+                            "train_time_s": ledger.train_time(), "wall_time_s": ledger.wall_time(),
+                            "depth": depth.state_dict()}, cfg.checkpoint.keep_last)
+            ledger.end_step()  # eval and checkpoint time are in the record's clocks, not its phases
+        progress.close()
+
+    summary.update(train_time_s=ledger.train_time(), wall_time_s=ledger.wall_time(), phases=dict(ledger.totals),
+                   teacher_eval=teacher_eval, steps=cfg.trainer.steps)
+    if writer is not None:
+        writer.close()
+        print_summary(cfg, summary)
+    if tb is not None:
+        tb.close()
+    return summary
+
+
+def evaluate_teacher(cfg: RunConfig, setup: Setup, teacher, tokenizer, pool: EnvPool) -> EvalResult:
+    """The teacher's Avg@k on the same held-out tasks: the ceiling the student distills toward."""
+    policy = POLICY_BACKENDS.get(cfg.policy.backend)(teacher.model, tokenizer, cfg.policy)
+    return evaluate(setup.spec, pool, policy, setup.eval_tasks, split=setup.eval_split, env_config=cfg.env,
+                    policy_config=cfg.policy, k=cfg.eval.k, temperature=cfg.eval.temperature, seed=cfg.seed)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use `turnopd distill RECIPE`")
