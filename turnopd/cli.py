@@ -9,6 +9,7 @@ import sys
 # Each module defines register(subparsers) which adds its parser and sets `func(args) -> int`.
 COMMAND_MODULES = [
     "turnopd.commands.recipe",  # distill, show
+    "turnopd.commands.frontier",  # frontier, sweep
 ]
 
 
@@ -25,7 +26,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # argparse leaves KEY=VALUE overrides that follow an option (`sweep R --seeds 3 a=1`) unparsed
+    if extra and isinstance(getattr(args, "overrides", None), list) and all(
+            "=" in a and not a.startswith("-") for a in extra):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

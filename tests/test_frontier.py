@@ -1,0 +1,274 @@
+"""Frontier math and the `turnopd frontier` command, on hand-made metrics files."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from turnopd.cli import main
+from turnopd.frontier import (
+    CurvePoint,
+    EvalPoint,
+    FrontierError,
+    accuracy_at,
+    compare,
+    load_run,
+    mean_curve,
+    pareto_front,
+    phase_shares,
+    speedup,
+    time_to_reach,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write_run(root: Path, name: str, *, method: str, seed: int = 0, total_steps: int,
+              train: list[tuple[int, float]], evals: list[tuple[int, float, float]],
+              config: dict | None = None, **train_fields) -> Path:
+    """A run folder: train = [(step, train_time_s)], evals = [(step, train_time_s, avg_at_k)];
+    train_fields are added to every train record."""
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    records = [{"kind": "start", "name": name, "method": method, "seed": seed, "total_steps": total_steps,
+                "resumed_from_step": 0}]
+    records += [{"kind": "train", "step": s, "train_time_s": t, "wall_time_s": t, **train_fields}
+                for s, t in train]
+    records += [{"kind": "eval", "step": s, "train_time_s": t, "split": "valid_unseen", "k": 1, "avg_at_k": a,
+                 "eval_time_s": 2.0} for s, t, a in evals]
+    records.sort(key=lambda r: (r.get("step", -1), r["kind"] == "eval"))  # the order a run writes them
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if config is not None:
+        (run_dir / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
+    return run_dir
+
+
+def evals_of(*points: tuple[int, float, float]) -> list[EvalPoint]:
+    return [EvalPoint(*p) for p in points]
+
+
+# ---- pure functions ---------------------------------------------------------------------------------
+
+
+def test_accuracy_between_evaluations_is_the_last_one_at_or_before():
+    evals = evals_of((5, 50.0, 0.1), (10, 100.0, 0.4), (20, 200.0, 0.6))
+    assert accuracy_at(evals, 4, "step") is None  # before the first evaluation
+    assert accuracy_at(evals, 5, "step") == 0.1
+    assert accuracy_at(evals, 15, "step") == 0.4
+    assert accuracy_at(evals, 25, "step") == 0.6  # holds after the last
+    assert accuracy_at(evals, 199.9, "time") == 0.4
+    assert accuracy_at(evals, 200.0, "time") == 0.6
+
+
+def test_pareto_front_keeps_only_undominated_points():
+    points = [(1, 0.5), (2, 0.4), (2, 0.6), (3, 0.6), (4, 0.8), (0.5, 0.1), (4, 0.8)]
+    # (2, .4) loses to (2, .6); (3, .6) to (2, .6) (same accuracy, earlier); the repeated (4, .8) once
+    assert pareto_front(points) == [(0.5, 0.1), (1, 0.5), (2, 0.6), (4, 0.8)]
+
+
+def test_speedup_and_time_to_reach():
+    curve = [CurvePoint(0, 0.2, 0), CurvePoint(50, 0.6, 0), CurvePoint(80, 0.72, 0)]
+    assert time_to_reach(curve, 0.7) == 80
+    assert time_to_reach(curve, 0.8) is None
+    assert speedup(200.0, 80.0) == 200 / 80
+    assert speedup(200.0, None) is None
+    assert speedup(200.0, 0.0) == math.inf  # reached at the start, before any training
+    assert speedup(0.0, 0.0) == 1.0
+
+
+def test_seed_mean_curve_starts_where_every_seed_was_evaluated():
+    seed0 = evals_of((0, 0.0, 0.2), (10, 10.0, 0.6))
+    seed1 = evals_of((5, 5.0, 0.5), (12, 12.0, 0.8))
+    curve = mean_curve([seed0, seed1, []], "time")  # the unevaluated seed is left out
+    # x=0: seed1 not yet evaluated, skipped; x=5: (.2+.5)/2; x=10: (.6+.5)/2; x=12: (.6+.8)/2
+    assert [p.x for p in curve] == [5.0, 10.0, 12.0]
+    assert [p.mean for p in curve] == pytest.approx([0.35, 0.55, 0.7])
+    # sample std of two values a, b is |a - b| / sqrt(2)
+    assert [p.std for p in curve] == pytest.approx([d / math.sqrt(2) for d in (0.3, 0.1, 0.2)])
+
+
+# ---- runs on disk -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cadence_runs(tmp_path: Path) -> tuple[Path, Path]:
+    """A: complete, 30 steps at 10 s each, evaluated every 10 steps. B: in progress at step 17
+    (4 s per step), evaluated every 5 steps."""
+    a = write_run(tmp_path, "a", method="vanilla_opd", total_steps=30,
+                  train=[(s, 10.0 * s) for s in range(1, 31)],
+                  evals=[(0, 0.0, 0.10), (10, 100.0, 0.30), (20, 200.0, 0.50), (30, 300.0, 0.70)])
+    b = write_run(tmp_path, "b", method="turnopd", total_steps=30,
+                  train=[(s, 4.0 * s) for s in range(1, 18)],
+                  evals=[(0, 0.0, 0.10), (5, 20.0, 0.20), (10, 40.0, 0.40), (15, 60.0, 0.60)])
+    return a, b
+
+
+def test_same_step_and_least_time_picks_with_different_cadences(cadence_runs):
+    cmp = compare([load_run(d) for d in cadence_runs])
+    a, b = cmp.rows
+    # the largest step both reached: min(30, 17) = 17; A's last eval at or before it is step 10,
+    # B's step 15
+    assert cmp.same_step == 17
+    assert (a.same_step.mean, b.same_step.mean) == (0.30, 0.60)
+    # the shortest training clock: B's 17 * 4 s = 68 s; A was last evaluated at 0 s by then, B at 60 s
+    assert cmp.least_time_s == 68.0 and cmp.least_time_run == "b"
+    assert (a.least_time.mean, b.least_time.mean) == (0.10, 0.60)
+    assert (a.final.mean, b.final.mean) == (0.70, 0.60)
+
+
+def test_speedup_against_the_baseline(tmp_path: Path):
+    runs = [
+        write_run(tmp_path, "opd", method="vanilla_opd", total_steps=3,
+                  train=[(1, 100.0), (2, 200.0), (3, 300.0)],
+                  evals=[(0, 0.0, 0.2), (1, 100.0, 0.5), (2, 200.0, 0.7), (3, 300.0, 0.7)]),
+        write_run(tmp_path, "fast", method="turnopd", total_steps=3, train=[(1, 50.0), (2, 80.0), (3, 150.0)],
+                  evals=[(0, 0.0, 0.2), (1, 50.0, 0.6), (2, 80.0, 0.72), (3, 150.0, 0.75)]),
+        write_run(tmp_path, "slow", method="tcod", total_steps=2, train=[(1, 100.0), (2, 250.0)],
+                  evals=[(0, 0.0, 0.2), (1, 100.0, 0.65), (2, 250.0, 0.69)]),
+    ]
+    cmp = compare([load_run(d) for d in runs])  # vanilla_opd is the default baseline
+    opd, fast, slow = cmp.rows
+    # the baseline's final 0.7 is first reached at 200 s (not at its end, 300 s)
+    assert cmp.target == 0.7 and cmp.baseline_time_s == 200.0
+    assert opd.speedup == 1.0
+    assert fast.time_to_target_s == 80.0 and fast.speedup == 200.0 / 80.0
+    assert slow.time_to_target_s is None and slow.speedup is None
+    # against another baseline: "fast" reaches its final 0.75 at 150 s; nobody else does
+    by_fast = compare([load_run(d) for d in runs], baseline="fast")
+    assert [r.speedup for r in by_fast.rows] == [None, 1.0, None]
+
+
+def test_seeds_of_a_method_are_aggregated(tmp_path: Path):
+    def run(name: str, method: str, seed: int, evals):
+        # config.yaml differs between seeds only in the per-run keys, so the seeds form one group
+        config = {"name": name, "seed": seed, "output_dir": str(tmp_path), "trainer": {"lr": 1e-6}}
+        return write_run(tmp_path, name, method=method, seed=seed, total_steps=1,
+                         train=[(1, evals[-1][1])], evals=evals, config=config)
+
+    dirs = [run("opd-s0", "vanilla_opd", 0, [(0, 0.0, 0.2), (1, 100.0, 0.6)]),
+            run("opd-s1", "vanilla_opd", 1, [(0, 0.0, 0.4), (1, 120.0, 0.8)]),
+            run("td-s0", "turnopd", 0, [(0, 0.0, 0.2), (1, 60.0, 0.8)]),
+            run("td-s1", "turnopd", 1, [(0, 0.0, 0.2), (1, 50.0, 0.6)])]
+    cmp = compare([load_run(d) for d in dirs])
+    assert [(r.group.label, len(r.group.runs)) for r in cmp.rows] == [("vanilla_opd", 2), ("turnopd", 2)]
+    opd, td = cmp.rows
+    # baseline final = mean(.6, .8) = .7, sample std |.6 - .8| / sqrt(2); its seed-mean curve:
+    # t=100: (.6+.4)/2 = .5, t=120: (.6+.8)/2 = .7, so it reaches .7 at 120 s
+    assert opd.final.mean == pytest.approx(0.7)
+    assert opd.final.std == pytest.approx(0.2 / math.sqrt(2))
+    assert cmp.baseline_time_s == 120.0
+    # turnopd's curve: t=50: (.2+.6)/2 = .4, t=60: (.8+.6)/2 = .7, so it reaches .7 at 60 s
+    assert td.time_to_target_s == 60.0
+    assert td.speedup == pytest.approx(120.0 / 60.0)
+
+
+def test_runs_of_one_method_with_different_recipes_stay_apart(tmp_path: Path):
+    def run(name: str, lr: float):
+        return write_run(tmp_path, name, method="turnopd", total_steps=1, train=[(1, 1.0)],
+                         evals=[(1, 1.0, 0.5)], config={"name": name, "seed": 0, "trainer": {"lr": lr}})
+
+    cmp = compare([load_run(run("lr-small", 1e-6)), load_run(run("lr-big", 1e-5))])
+    assert [r.group.label for r in cmp.rows] == ["lr-small", "lr-big"]
+
+
+def test_runs_with_the_same_seed_are_not_aggregated(tmp_path: Path):
+    dirs = [write_run(tmp_path, name, method="turnopd", seed=0, total_steps=1, train=[(1, 1.0)],
+                      evals=[(1, 1.0, acc)]) for name, acc in (("first", 0.4), ("rerun", 0.6))]
+    cmp = compare([load_run(d) for d in dirs])
+    assert [(r.group.label, r.final.mean) for r in cmp.rows] == [("first", 0.4), ("rerun", 0.6)]
+
+
+def test_phase_shares_are_of_the_training_clock(tmp_path: Path):
+    # 2 steps of 10 s: rollout 6 + teacher 2 + train 1 = 9 s of 10 each; eval lies outside the clock
+    run_dir = write_run(tmp_path, "r", method="turnopd", total_steps=2, train=[(1, 10.0), (2, 20.0)],
+                        evals=[],
+                        phases={"rollout": 6.0, "teacher": 2.0, "train": 1.0, "eval": 5.0})
+    shares = phase_shares([load_run(run_dir)])
+    assert shares == pytest.approx({"rollout": 0.6, "teacher": 0.2, "train": 0.1, "other": 0.1})
+
+
+def test_mean_depth_and_deep_turn_share(tmp_path: Path):
+    run_dir = write_run(tmp_path, "r", method="turnopd", total_steps=2, train=[(1, 1.0), (2, 2.0)], evals=[],
+                        rollout_depth_cap=10, mean_turns=7.5, deep_turn_share=0.25)
+    row = compare([load_run(run_dir)]).rows[0]
+    assert (row.mean_cap, row.mean_turns, row.deep_turn_share) == (10, 7.5, 0.25)
+
+
+def test_a_folder_without_metrics_is_named(tmp_path: Path):
+    (tmp_path / "sweep" / "x-s0").mkdir(parents=True)
+    (tmp_path / "sweep" / "x-s0" / "metrics.jsonl").write_text("")
+    with pytest.raises(FrontierError, match=r"sweep has no metrics\.jsonl; its subfolders x-s0 are runs"):
+        load_run(tmp_path / "sweep")
+
+
+def test_unknown_baseline_lists_the_choices(cadence_runs):
+    with pytest.raises(FrontierError, match="allowed: a, b, turnopd, vanilla_opd"):
+        compare([load_run(d) for d in cadence_runs], baseline="tcod")
+
+
+def test_a_truncated_last_line_is_skipped_with_a_warning(tmp_path: Path):
+    run_dir = write_run(tmp_path, "r", method="turnopd", total_steps=5, train=[(1, 1.0), (2, 2.0)],
+                        evals=[(0, 0.0, 0.1), (2, 2.0, 0.3)])
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "eval", "step": 3, "train_ti')  # the run was killed mid-write
+    with pytest.warns(UserWarning, match="truncated"):
+        run = load_run(run_dir)
+    assert [e.step for e in run.evals] == [0, 2]
+    assert run.steps_done == 2 and not run.complete
+
+
+# ---- the command ------------------------------------------------------------------------------------
+
+
+def markdown_tables(text: str) -> list[dict[str, list[str]]]:
+    """Each markdown table of the text as {first cell of a row: the row's cells}."""
+    tables, current = [], None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            current = None
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if current is None:
+            current = {}
+            tables.append(current)
+        elif not line.startswith("|---"):
+            current[cells[0]] = cells
+    return tables
+
+
+def test_frontier_command_prints_markdown_and_writes_the_png(cadence_runs, tmp_path: Path, capsys):
+    out = tmp_path / "plots" / "f.png"
+    assert main(["frontier", *map(str, cadence_runs), "--md", "--out", str(out), "--baseline", "a"]) == 0
+    text = capsys.readouterr().out
+    accuracy, cost = markdown_tables(text)
+    # final, Same-Step (step 17), Least-Time (68 s) in %, from the cadence_runs fixture; B is in progress
+    assert accuracy["a"][5:8] == ["70.0", "30.0", "10.0"]
+    assert accuracy["b"][3] == "17/30 (in progress)"
+    assert accuracy["b"][5:8] == ["60.0", "60.0", "60.0"]
+    # A's final 70% is first reached at 300 s; B never reaches it
+    assert accuracy["a"][8:] == ["5.0 min", "1.00x"] and accuracy["b"][8:] == ["not reached", "not reached"]
+    assert set(cost) == {"a", "b"}
+    assert "step-wise interpolation" in text
+    assert out.read_bytes().startswith(PNG_MAGIC) and out.stat().st_size > 10_000
+
+
+def test_frontier_by_step_on_runs_in_progress(tmp_path: Path, capsys):
+    # one run evaluated only at the start, one not evaluated yet: nothing to plot for it, no error
+    started = write_run(tmp_path, "started", method="turnopd", total_steps=100, train=[(1, 3.0), (2, 6.0)],
+                        evals=[(0, 0.0, 0.1)], rollout_depth_cap=50, alpha=0.01)
+    fresh = write_run(tmp_path, "fresh", method="vanilla_opd", total_steps=100, train=[(1, 5.0)], evals=[])
+    assert main(["frontier", str(started), str(fresh), "--by", "step", "--md"]) == 0
+    text = capsys.readouterr().out
+    accuracy = markdown_tables(text)[0]
+    assert accuracy["fresh"][3] == "1/100 (in progress)"
+    assert accuracy["fresh"][5:8] == ["–", "–", "–"]  # not evaluated yet
+    png = tmp_path / "frontier-by-step.png"  # default: beside the run folders
+    assert png.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_frontier_command_reports_a_missing_run(tmp_path: Path, capsys):
+    assert main(["frontier", str(tmp_path / "nope")]) == 2
+    assert f"run folder {tmp_path / 'nope'} has no metrics.jsonl" in capsys.readouterr().err

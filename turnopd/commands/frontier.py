@@ -1,0 +1,339 @@
+"""`turnopd frontier RUN...` and `turnopd sweep RECIPE ...`: accuracy vs training wall-clock.
+
+The figures are computed in turnopd.frontier (definitions there); this module reads the run
+folders, prints the tables (rich, or markdown with --md) and draws the PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from turnopd.frontier import Axis, Comparison, FrontierError, MeanSpread, Run, compare, load_run, pareto_front
+from turnopd.sweep import DEFAULT_LAUNCHER, SweepError, command_for, execute_sweep, plan_sweep, run_state
+
+INTERPOLATION_NOTE = "step-wise interpolation: between evaluations, the last evaluation's Avg@k"
+Rows = list[list[str]]
+
+
+# ---- formatting -------------------------------------------------------------------------------------
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def _accuracy(value: MeanSpread | None, seeds: int) -> str:
+    """Percent; a group shows mean ± sample std, and n=m/seeds when only m seeds have a value."""
+    if value is None:
+        return "–"
+    text = f"{100 * value.mean:.1f}"
+    if value.n > 1:
+        text += f" ± {100 * value.std:.1f}"
+    if value.n < seeds:
+        text += f" (n={value.n}/{seeds})"
+    return text
+
+
+def _share(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.0f}%"
+
+
+def _number(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def _steps(runs: Sequence[Run]) -> str:
+    done = min(run.steps_done for run in runs)
+    totals = {run.total_steps for run in runs}
+    total = max((t for t in totals if t is not None), default=None)
+    if all(run.complete for run in runs):
+        return str(done)
+    return f"{done}/{total if total is not None else '?'} (in progress)"
+
+
+def _metric_name(runs: Sequence[Run]) -> str:
+    ks = {run.k for run in runs if run.k is not None}
+    return f"Avg@{ks.pop()}" if len(ks) == 1 else "Avg@k"
+
+
+def accuracy_table(cmp: Comparison, runs: Sequence[Run]) -> tuple[str, list[str], Rows]:
+    """Title, headers and rows; the method column only when some run label does not say it."""
+    show_method = any(row.group.label != row.group.method for row in cmp.rows)
+    target = "–" if cmp.target is None else f"{100 * cmp.target:.1f}%"
+    headers = ["run", *(["method"] if show_method else []), "seeds", "steps", "train time", "final",
+               f"same-step @{cmp.same_step}", f"least-time @{_duration(cmp.least_time_s)}",
+               f"time to {target}", "speedup"]
+    rows = []
+    for row in cmp.rows:
+        members = row.group.runs
+        n = len(members)
+        seeds = ",".join(str(run.seed) for run in members if run.seed is not None) or "–"
+        has_target = cmp.target is not None
+        rows.append([
+            row.group.label, *([row.group.method] if show_method else []), seeds, _steps(members),
+            _duration(row.train_time_s.mean), _accuracy(row.final, n), _accuracy(row.same_step, n),
+            _accuracy(row.least_time, n),
+            "not reached" if has_target and row.time_to_target_s is None else _duration(row.time_to_target_s),
+            f"{row.speedup:.2f}x" if row.speedup is not None else ("not reached" if has_target else "–"),
+        ])
+    return f"{_metric_name(runs)} (%) vs training wall-clock, speedup vs {cmp.baseline.label}", headers, rows
+
+
+def cost_table(cmp: Comparison) -> tuple[str, list[str], Rows]:
+    """Where each group's training clock went, and how deep it rolled out."""
+    totals: dict[str, float] = {}
+    for row in cmp.rows:
+        for phase, share in row.phase_shares.items():
+            totals[phase] = totals.get(phase, 0.0) + share
+    phases = sorted((p for p in totals if p != "other"), key=lambda p: -totals[p]) + (
+        ["other"] if "other" in totals else [])
+    headers = ["run", "cap", "turns", "deep share", "eval time", *phases]
+    rows = [[row.group.label, _number(row.mean_cap), _number(row.mean_turns), _share(row.deep_turn_share),
+             _duration(row.eval_time_s), *[_share(row.phase_shares.get(p)) for p in phases]]
+            for row in cmp.rows]
+    return "Rollout depth, deep-turn loss share and training clock per ledger phase", headers, rows
+
+
+def notes(cmp: Comparison, runs: Sequence[Run]) -> list[str]:
+    splits = sorted({run.split for run in runs if run.split})
+    lines = [
+        f"{_metric_name(runs)} on {', '.join(splits) or 'no evaluation yet'}, in %; a method with several "
+        "seeds: mean ± sample std across seeds.",
+        f"same-step: at step {cmp.same_step}, the largest step all runs reached; least-time: at "
+        f"{_duration(cmp.least_time_s)} of training wall-clock, the shortest any run needed "
+        f"({cmp.least_time_run}); {INTERPOLATION_NOTE}.",
+    ]
+    if cmp.target is not None:
+        lines.append(f"speedup = {cmp.baseline.label}'s training time to reach its final accuracy "
+                     f"({100 * cmp.target:.1f}% at {_duration(cmp.baseline_time_s)}) / the run's time to "
+                     "reach it.")
+    lines.append("cap, turns, deep share: means over training steps of the rollout-depth cap, the turns "
+                 "per episode and the deep-turn loss share; eval time: per run, outside the training "
+                 "clock; phase columns: share of the training clock.")
+    ks = {run.k for run in runs if run.k is not None}
+    if len(ks) > 1 or len(splits) > 1:
+        lines.append(f"WARNING: runs were evaluated differently (k in {sorted(ks)}, splits {splits}).")
+    return lines
+
+
+def _markdown(headers: list[str], rows: Rows) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def print_report(cmp: Comparison, runs: Sequence[Run], md: bool) -> None:
+    tables = [accuracy_table(cmp, runs), cost_table(cmp)]
+    if md:
+        for title, headers, rows in tables:
+            print(f"**{title}**\n\n{_markdown(headers, rows)}\n")
+        print("\n".join(f"- {line}" for line in notes(cmp, runs)))
+        return
+    console = Console()
+    for title, headers, rows in tables:
+        table = Table(title=title, title_justify="left")
+        table.add_column(headers[0], no_wrap=True)
+        for h in headers[1:]:
+            table.add_column(h)
+        for r in rows:
+            table.add_row(*r)
+        console.print(table)
+    for line in notes(cmp, runs):
+        console.print(line, highlight=False)
+
+
+# ---- plot -------------------------------------------------------------------------------------------
+
+
+def _x_scale(by: Axis, extent: float) -> tuple[float, str]:
+    if by == "step":
+        return 1.0, "optimizer step"
+    if extent >= 7200:
+        return 3600.0, "training wall-clock (h)"
+    if extent >= 120:
+        return 60.0, "training wall-clock (min)"
+    return 1.0, "training wall-clock (s)"
+
+
+def plot_frontier(cmp: Comparison, runs: Sequence[Run], by: Axis, out: Path) -> None:
+    """Panel 1: accuracy vs x per group (seed mean, ± std band) and the Pareto frontier of the
+    plotted points; panel 2: each run's rollout-depth cap (solid) and alpha (dashed, right axis)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scale, xlabel = _x_scale(by, max(run.extent(by) for run in runs))
+    fig, (acc_ax, depth_ax) = plt.subplots(2, 1, figsize=(10, 8), sharex=True, height_ratios=[3, 2])
+    alpha_ax = depth_ax.twinx()
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    points = []
+    for i, row in enumerate(cmp.rows):
+        color = colors[i % len(colors)]
+        members = row.group.runs
+        curve = row.group.curve(by)
+        if curve:
+            end = max(run.extent(by) for run in members)  # the last value holds until the run's end
+            held = [*curve, curve[-1]]
+            xs = np.array([p.x for p in curve] + [max(end, curve[-1].x)]) / scale
+            means = 100 * np.array([p.mean for p in held])
+            stds = 100 * np.array([p.std for p in held])
+            label = row.group.label
+            if len(members) > 1:
+                label += f" (mean of {len(members)} seeds)"
+            acc_ax.step(xs, means, where="post", color=color, label=label)
+            acc_ax.plot(xs[:-1], means[:-1], "o", color=color, markersize=3)
+            if len(members) > 1:
+                acc_ax.fill_between(xs, means - stds, means + stds, step="post", color=color, alpha=0.15,
+                                    linewidth=0)
+            points += [(p.x, p.mean) for p in curve]
+        for run in members:
+            x = [(r["train_time_s"] if by == "time" else r["step"]) / scale for r in run.train]
+            caps = [r.get("rollout_depth_cap") for r in run.train]
+            alphas = [r.get("alpha") for r in run.train]
+            depth_ax.step(x, [c if c is not None else float("nan") for c in caps], where="post", color=color,
+                          linewidth=1, alpha=0.8)
+            alpha_ax.plot(x, [a if a is not None else float("nan") for a in alphas], "--", color=color,
+                          linewidth=1, alpha=0.8)
+    front = pareto_front(points)
+    if front:
+        acc_ax.step([x / scale for x, _ in front], [100 * a for _, a in front], where="post", color="black",
+                    linestyle=":", linewidth=1.5, label="Pareto frontier")
+    marker, marker_label = (cmp.least_time_s, "Least-Time") if by == "time" else (cmp.same_step, "Same-Step")
+    acc_ax.axvline(marker / scale, color="grey", linestyle="--", linewidth=0.8, label=f"{marker_label} point")
+    acc_ax.set_ylabel(f"{_metric_name(runs)} (%)")
+    acc_ax.set_title(f"Accuracy vs {'optimizer steps' if by == 'step' else 'training wall-clock'}")
+    acc_ax.legend(title=INTERPOLATION_NOTE, fontsize=8, title_fontsize=8, loc="lower right")
+    acc_ax.grid(alpha=0.3)
+    depth_ax.set_ylabel("rollout-depth cap (turns, solid)")
+    alpha_ax.set_ylabel("alpha (dashed)")
+    alpha_ax.set_ylim(-0.05, 1.05)
+    depth_ax.set_xlabel(xlabel)
+    depth_ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+# ---- commands ---------------------------------------------------------------------------------------
+
+
+def report(run_dirs: Sequence[str | Path], baseline: str | None, md: bool, by: Axis, out: Path) -> None:
+    """Tables on stdout and the PNG at `out`, for the given run folders."""
+    runs = [load_run(d) for d in run_dirs]
+    cmp = compare(runs, baseline)
+    print_report(cmp, runs, md)
+    plot_frontier(cmp, runs, by, out)
+    print(f"plot: {out}")
+
+
+def _default_plot_path(run_dirs: Sequence[str], by: Axis) -> Path:
+    """Beside the first run (runs/frontier.png for runs/<name>)."""
+    return Path(run_dirs[0]).parent / ("frontier.png" if by == "time" else "frontier-by-step.png")
+
+
+def frontier(args: argparse.Namespace) -> int:
+    out = Path(args.out) if args.out else _default_plot_path(args.runs, args.by)
+    try:
+        report(args.runs, args.baseline, args.md, args.by, out)
+    except FrontierError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def sweep(args: argparse.Namespace) -> int:
+    if not Path(args.recipe).is_file():
+        print(f"error: recipe file not found: {args.recipe}", file=sys.stderr)
+        return 2
+    name = args.name or Path(args.recipe).stem
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    launcher = shlex.split(args.launcher) if args.launcher else list(DEFAULT_LAUNCHER)
+    try:
+        plan = plan_sweep(args.recipe, methods, args.seeds, args.out_dir, name, args.overrides, launcher)
+        if args.print_only:
+            for run in plan:
+                state = run_state(run.run_dir)
+                if state == "complete":
+                    print(f"# {run.name}: already complete", file=sys.stderr)
+                else:
+                    print(shlex.join(command_for(run, state)))
+            return 0
+        outcomes = execute_sweep(plan)
+    except (SweepError, FrontierError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    table = Table(title=f"Sweep {name}: {len(plan)} runs", title_justify="left")
+    for h in ("run", "method", "seed", "outcome", "time"):
+        table.add_column(h)
+    for o in outcomes:
+        if o.returncode is None:
+            outcome = "already complete"
+        elif o.returncode == 0 and o.state_after == "complete":
+            outcome = "complete" if o.state_before == "new" else "resumed, complete"
+        else:
+            outcome = f"FAILED: exit {o.returncode}, {o.state_after}"
+        table.add_row(o.run.name, o.run.method, str(o.run.seed), outcome, _duration(o.seconds))
+    Console().print(table)
+
+    with_metrics = [o.run.run_dir for o in outcomes if o.state_after != "new"]
+    if with_metrics:
+        out = Path(args.out) if args.out else Path(args.out_dir) / f"{name}-frontier.png"
+        try:
+            report(with_metrics, args.baseline, args.md, args.by, out)
+        except FrontierError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    else:
+        print("no run wrote metrics; nothing to compare", file=sys.stderr)
+    return 0 if all(o.state_after == "complete" for o in outcomes) else 1
+
+
+def _add_report_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--baseline", metavar="RUN_OR_METHOD",
+                   help="run, method or group the speedup is measured against "
+                        "(default: the vanilla_opd group when there is one, else the first)")
+    p.add_argument("--md", action="store_true", help="print markdown tables instead of rich ones")
+    p.add_argument("--by", choices=("time", "step"), default="time",
+                   help="x-axis of the plot: training wall-clock (default) or optimizer steps")
+    p.add_argument("--out", metavar="PNG", help="where to save the plot (frontier: beside the first run; "
+                   "sweep: OUT_DIR/<name>-frontier.png)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("frontier", help="compare runs: accuracy vs training wall-clock, speedup, Pareto plot")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run folders (runs/<name>); runs in progress work")
+    _add_report_args(p)
+    p.set_defaults(func=frontier)
+
+    p = sub.add_parser("sweep", help="run one recipe under several methods and seeds, then their frontier")
+    p.add_argument("recipe", help="recipe YAML")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides for every run")
+    p.add_argument("--methods", default="turnopd,vanilla_opd,tcod",
+                   help="comma-separated method names (default: turnopd,vanilla_opd,tcod)")
+    p.add_argument("--seeds", type=int, default=1, help="number of seeds per method: 0..N-1 (default 1)")
+    p.add_argument("--out-dir", default="runs", help="output_dir of the runs (default: runs)")
+    p.add_argument("--name", help="sweep name, the prefix of the run names (default: the recipe's file stem)")
+    p.add_argument("--print-only", action="store_true",
+                   help="print the command of each run still to do (one per GPU node) and stop")
+    p.add_argument("--launcher", metavar="CMD",
+                   help="the command that runs one distillation (default: python -m turnopd.cli distill; "
+                        "e.g. 'torchrun --nproc-per-node 8 -m turnopd.cli distill')")
+    _add_report_args(p)
+    p.set_defaults(func=sweep)
