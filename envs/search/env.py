@@ -1,0 +1,81 @@
+"""Multi-hop search: answer a question by searching a passage corpus (Search-R1's task, as an env).
+
+Actions: `search[query]` returns the top-k passages by BM25, formatted as Search-R1 shows them
+("Doc 1(Title: <title>) <text>", one per line); `answer[text]` ends the episode with reward =
+exact match (SQuAD normalization) against the accepted answers, and info["score"] = token F1.
+Anything else (another command, an empty argument, an action longer than MAX_ACTION_CHARS, any
+action after the answer) is invalid: the env says so and nothing else changes.
+"""
+
+from __future__ import annotations
+
+import re
+
+from envs.base import StepOutcome
+from envs.bm25 import BM25Index
+from envs.search.data import MultihopData, Question
+from envs.search.metrics import exact_match, f1_score
+
+MAX_ACTION_CHARS = 500
+ACTION_RE = re.compile(r"(search|answer)\[(.*)\]", re.DOTALL)
+INVALID_MESSAGE = (
+    "Your previous action is invalid. To search, write search[your query]; to give your final answer, "
+    "write answer[your answer]."
+)
+NO_RESULTS = "No passage matches this query."
+
+
+def parse_search_action(action: str) -> tuple[str, str] | None:
+    """`search[q]` / `answer[a]` -> (name, stripped argument); None when not of that form or empty."""
+    match = ACTION_RE.fullmatch(action.strip()) if len(action) <= MAX_ACTION_CHARS else None
+    if match is None or not match.group(2).strip():
+        return None
+    return match.group(1), match.group(2).strip()
+
+
+def format_passages(passages: list[tuple[str, str]]) -> str:
+    """Search-R1's _passages2string: "Doc i(Title: t) text" lines."""
+    return "\n".join(f"Doc {i}(Title: {title}) {text}" for i, (title, text) in enumerate(passages, 1))
+
+
+class SearchEnv:
+    """One question at a time over the multi-hop corpus and its BM25 index."""
+
+    def __init__(self, data: MultihopData, index: BM25Index, top_k: int):
+        self.data = data
+        self.index = index
+        self.top_k = top_k
+        self.question: Question | None = None
+        self.done = False
+
+    def reset(self, task_id: str) -> StepOutcome:
+        if task_id not in self.data.questions:
+            raise KeyError(f"unknown search task id {task_id!r} (ids are '<dataset>/<id>', see spec.tasks())")
+        self.question = self.data.questions[task_id]
+        self.done = False
+        return StepOutcome(observation=f"Question: {self.question.question}", info={"task": self.question.question})
+
+    def step(self, action: str) -> StepOutcome:
+        if self.question is None:
+            raise RuntimeError("SearchEnv.step called before reset")
+        parsed = None if self.done else parse_search_action(action)
+        if parsed is None:
+            return StepOutcome(observation=INVALID_MESSAGE, done=self.done, info={"invalid": True})
+        name, argument = parsed
+        if name == "search":
+            hits = [self.data.passages[i] for i in self.index.search(argument, self.top_k)]
+            observation = format_passages([(p.title, p.text) for p in hits]) if hits else NO_RESULTS
+            return StepOutcome(observation=observation, info={"invalid": False, "titles": [p.title for p in hits]})
+        self.done = True
+        em = exact_match(argument, self.question.answers)
+        f1 = f1_score(argument, self.question.answers)
+        return StepOutcome(
+            observation=f"Your answer: {argument} (exact match {em:.0f}, F1 {f1:.2f}).",
+            reward=em,
+            done=True,
+            won=em == 1.0,
+            info={"invalid": False, "score": f1, "em": em, "f1": f1},
+        )
+
+    def close(self) -> None:
+        self.question = None

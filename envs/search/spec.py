@@ -1,0 +1,136 @@
+"""The multi-hop search EnvSpec: splits, prompt, action parsing and the expert."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache, partial
+from pathlib import Path
+from typing import Any
+
+from envs.base import (
+    Expert,
+    ParsedAction,
+    PromptContext,
+    StepOutcome,
+    answer_instruction,
+    extract_action,
+    format_history,
+    select_template,
+)
+from envs.search.data import DATASETS, SPLITS, MultihopData, Question, check_files, load_multihop
+from envs.search.env import MAX_ACTION_CHARS, SearchEnv, parse_search_action
+from turnopd.data import resolve_data
+
+OPTIONS = {"top_k": 3}  # option -> default
+
+
+def render_default(ctx: PromptContext, top_k: int, max_turns: int) -> str:
+    """verl-agent's search prompt in this project's action grammar: the question, the history of
+    searches and results, the current result, the two actions and the answer format."""
+    lines = [
+        "You are an expert agent tasked with answering the given question step-by-step.",
+        f"Your question: {ctx.task}",
+    ]
+    if ctx.history:
+        lines.append(
+            f"Prior to this step, you have already taken {ctx.step} step(s). Below are the most recent "
+            f"{len(ctx.history)} observations and the corresponding actions you took: "
+            f"{format_history(ctx.history, ctx.step)}"
+        )
+    if ctx.step > 0:
+        lines.append(f"You are now at step {ctx.step + 1} and your current observation is: {ctx.observation}")
+    lines += [
+        f"You have {max_turns - ctx.step} step(s) left, this one included. Your available actions are:",
+        f"search[<your query>]: search the knowledge base; it returns the top {top_k} passages.",
+        "answer[<your answer>]: give your final answer, a short phrase without explanation "
+        "(for example, answer[Beijing]); this ends the episode.",
+        "",
+        "Now it's your turn to take one action for the current step.",
+        answer_instruction(ctx.answer_format),
+    ]
+    return "\n".join(lines)
+
+
+TEMPLATES: dict[str, Callable[..., str]] = {"default": render_default}
+
+
+@dataclass
+class SearchExpert:
+    """Searches the titles of the golden passages in turn (as many as the turns allow, keeping one
+    turn for the answer), then answers the first accepted answer."""
+
+    question: Question
+    max_turns: int
+    queries: list[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        titles = list(dict.fromkeys(p.title for p in self.question.golden))
+        self.queries = titles[: max(self.max_turns - 1, 0)]
+
+    def act(self, outcome: StepOutcome) -> str:
+        if self.queries:
+            return f"search[{self.queries.pop(0)}]"
+        return f"answer[{self.question.answers[0]}]"
+
+
+@lru_cache(maxsize=2)
+def _engine_parts(root: Path) -> tuple[MultihopData, Any]:
+    """The data and its BM25 index (a passage is searched as "title\\ntext"), loaded once per
+    process and shared by its envs (both read-only)."""
+    from envs.bm25 import BM25Index
+
+    data = load_multihop(root)
+    return data, BM25Index.cached("multihop", [f"{p.title}\n{p.text}" for p in data.passages])
+
+
+class SearchSpec:
+    """Multi-hop QA by search over HotpotQA, 2WikiMultihopQA and MuSiQue (500 questions each; see
+    data.py for the corpus and the split). Task types are the dataset names. Options: `top_k`
+    (passages per search, default 3)."""
+
+    name = "search"
+    default_max_turns = 4
+
+    def __init__(self, config: Any, data_dir: str | None = None):
+        self.config = config
+        self.root = resolve_data("multihop", data_dir)
+        check_files(self.root)
+        unknown = sorted(set(config.options) - set(OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown search options {unknown}; allowed: {', '.join(OPTIONS)}")
+        self.top_k = config.options.get("top_k", OPTIONS["top_k"])
+        if not isinstance(self.top_k, int) or self.top_k < 1:
+            raise ValueError(f"search option top_k must be a positive integer; got {self.top_k!r}")
+        unknown_types = sorted(set(config.task_types) - set(DATASETS))
+        if unknown_types:
+            raise ValueError(f"unknown search task types {unknown_types}; allowed: {', '.join(DATASETS)}")
+        template = select_template(TEMPLATES, config.template, self.name)
+        self.render_template = partial(template, top_k=self.top_k, max_turns=config.max_turns)
+
+    def splits(self) -> list[str]:
+        return list(SPLITS)
+
+    def tasks(self, split: str) -> list[str]:
+        if split not in SPLITS:
+            raise ValueError(f"unknown search split {split!r}; allowed: {', '.join(SPLITS)}")
+        selected = [t for t in load_multihop(self.root).splits[split]
+                    if not self.config.task_types or self.task_type(t) in self.config.task_types]
+        return selected[: self.config.max_tasks]
+
+    def task_type(self, task_id: str) -> str:
+        return task_id.split("/", 1)[0]
+
+    def make(self) -> SearchEnv:
+        return SearchEnv(*_engine_parts(self.root), self.top_k)
+
+    def expert(self, task_id: str) -> Expert:
+        return SearchExpert(load_multihop(self.root).questions[task_id], self.config.max_turns)
+
+    def parse_action(self, text: str) -> ParsedAction:
+        """The action in the answer; valid when it is search[...] or answer[...] with an argument."""
+        parsed = extract_action(text, max_chars=MAX_ACTION_CHARS)
+        return ParsedAction(parsed.action, parsed.valid and parse_search_action(parsed.action) is not None)
+
+    def render_prompt(self, ctx: PromptContext) -> str:
+        return self.render_template(ctx)
