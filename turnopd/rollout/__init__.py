@@ -21,8 +21,8 @@ class SamplingParams:
 
 @dataclass
 class Generation:
-    """One sampled completion: its token ids and the log-prob each was sampled with (under the
-    policy's temperature-scaled, top-p-truncated sampling distribution... see the backend docs)."""
+    """One sampled completion: its token ids (ending with EOS or the tokens of a stop string, both
+    kept) and each token's log-prob under the model's raw distribution (see Policy)."""
 
     token_ids: list[int]
     logprobs: list[float]
@@ -32,10 +32,17 @@ class Generation:
 
 
 class Policy(Protocol):
-    """A rollout backend. `generate` returns, per prompt, `sampling.n` generations."""
+    """A rollout backend. `generate` returns, per prompt, `sampling.n` generations.
+
+    Backends are constructed as `POLICY_BACKENDS.get(name)(model, policy_config, *, tokenizer=None,
+    dtype="auto", seed=0)`: `model` is a Hugging Face directory or a loaded nn.Module with its
+    tokenizer (transformers generates with that very module; vllm saves it once to load it). Stored log-probs are under the model's raw distribution
+    (temperature 1, no top-p) in every backend: the sampling log-prob when temperature == top_p == 1.
+    """
 
     tokenizer: Any
-    weight_version: int
+    weight_version: int  # incremented by each update_weights
+    max_model_len: int  # prompt + generated tokens must fit
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Generation]]: ...
     def update_weights(self, model: Any) -> None: ...  # new student weights (a module or state dict)
@@ -43,3 +50,7 @@ class Policy(Protocol):
 
 
 POLICY_BACKENDS: Registry[Callable[..., Policy]] = Registry("policy backend")
+
+
+# The backends register themselves on import (vLLM itself is imported only when a vllm policy is made).
+from turnopd.rollout import transformers_backend, vllm_backend  # noqa: E402, F401

@@ -1,0 +1,201 @@
+"""Rollout and teacher-scoring throughput, side by side in one run (run in the vLLM venv):
+
+    OMP_NUM_THREADS=1 python benchmarks/rollout_throughput.py   # SmolLM2-135M (turnopd model prepare smollm2-135m)
+    python benchmarks/rollout_throughput.py --model tiny        # a tiny random model, seconds
+
+1. Student rollouts on real ALFWorld games (valid_unseen, the real env pool with 2 workers) with the
+   transformers and the vLLM policy backends on the same model (fp32), at batch 1, 8 and 32
+   episodes for `--turns` turns: generated tokens/s (over generation time) and env steps/s (over the
+   whole rollout wall-clock), and the vLLM / transformers ratios.
+2. Teacher scoring, transformers and vLLM teachers: the same append-only multi-turn trajectories
+   (ALFWorld expert episodes as a growing chat) scored in ONE pass per trajectory vs one sequence per
+   turn (each turn's prompt + answer, batched, as for history-window prompts); teacher tokens/s
+   (tokens run through the model / time) and action tokens scored per second.
+
+Figures are indicative: the machine is shared and each configuration is timed once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from envs import make_env_spec  # noqa: E402
+from envs.base import PromptContext, format_answer  # noqa: E402
+from envs.pool import EnvPool  # noqa: E402
+from teachers import TeacherSpec, make_teacher, score_trajectories  # noqa: E402
+from turnopd.config import EnvConfig, PolicyConfig  # noqa: E402
+from turnopd.ledger import Ledger  # noqa: E402
+from turnopd.rollout import POLICY_BACKENDS, SamplingParams  # noqa: E402
+from turnopd.rollout.engine import chat_prompt_ids, rollout  # noqa: E402
+from turnopd.types import Trajectory, Turn, trajectory_sequences  # noqa: E402
+
+MAX_MODEL_LEN = 4096
+
+
+def resolve_model(name: str) -> Path:
+    from turnopd.models import prepare_model
+
+    if name == "tiny":
+        from turnopd.models.tiny import build_tiny_model
+
+        corpus = ["You are in the middle of a room. Looking quickly around you, you see a cabinet 1.",
+                  "Your task is to: put a clean mug in coffeemachine.", "<action>go to countertop 1</action>"]
+        return build_tiny_model(Path("/tmp/turnopd-bench-tiny"), corpus * 4, hidden_size=64, num_heads=2,
+                                max_position_embeddings=MAX_MODEL_LEN)
+    if Path(name).is_dir():
+        return Path(name)
+    return prepare_model(name)  # cached after the first time
+
+
+def bench_rollouts(model_dir: Path, backends: list[str], batch_sizes: list[int], turns: int,
+                   max_new_tokens: int) -> list[dict]:
+    env_config = EnvConfig(name="alfworld", max_turns=50, history_length=2, num_workers=2)
+    spec = make_env_spec(env_config)
+    tasks = spec.tasks("valid_unseen")
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=0)
+    rows = []
+    with EnvPool(spec, num_workers=env_config.num_workers, step_timeout_s=300) as pool:
+        for backend in backends:
+            options = {"max_model_len": MAX_MODEL_LEN} if backend == "vllm" else {}
+            policy = POLICY_BACKENDS.get(backend)(model_dir, PolicyConfig(max_batch_size=32, options=options),
+                                                  dtype="float32")
+            rollout(spec, pool, policy, tasks[:2], env_config=env_config, sampling=sampling, cap=1)  # warm-up
+            for batch in batch_sizes:
+                ledger = Ledger()
+                start = time.perf_counter()
+                trajs = rollout(spec, pool, policy, tasks[:batch], env_config=env_config, sampling=sampling,
+                                cap=turns, ledger=ledger)
+                wall = time.perf_counter() - start
+                tokens = sum(t.num_action_tokens for t in trajs)
+                steps = sum(t.depth for t in trajs)
+                rows.append({"backend": backend, "batch": batch, "generated_tokens": tokens, "env_steps": steps,
+                             "generation_s": ledger.totals["rollout"], "env_s": ledger.totals["env"], "wall_s": wall,
+                             "gen_tokens_per_s": tokens / ledger.totals["rollout"], "env_steps_per_s": steps / wall})
+                print(json.dumps(rows[-1]), flush=True)
+            policy.close()
+            del policy
+    return rows
+
+
+def expert_chats(model_dir: Path, n: int, max_turns: int) -> list[Trajectory]:
+    """ALFWorld expert episodes as append-only chats: turn t's prompt = turn t-1's prompt + answer +
+    the next observation as a user message (built by concatenating token pieces, so it appends)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    env_config = EnvConfig(name="alfworld", history_length=0, answer_format="action")
+    spec = make_env_spec(env_config)
+    env = spec.make()
+    trajs = []
+    for task_id in spec.tasks("valid_unseen")[:n]:
+        outcome = env.reset(task_id)
+        expert = spec.expert(task_id)
+        first = spec.render_prompt(PromptContext(task=outcome.info["task"], step=0, observation=outcome.observation,
+                                                 history=[], admissible=outcome.admissible, answer_format="action"))
+        prompt = chat_prompt_ids(tok, first)
+        turns = []
+        for t in range(max_turns):
+            action = expert.act(outcome)
+            answer = tok(format_answer(action, "action") + tok.eos_token, add_special_tokens=False)["input_ids"]
+            turns.append(Turn(t, outcome.observation, list(prompt), answer, [0.0] * len(answer)))
+            outcome = env.step(action)
+            if outcome.done:
+                break
+            follow = chat_prompt_ids(tok, outcome.observation)
+            prompt = prompt + answer + tok("\n", add_special_tokens=False)["input_ids"] + follow
+        trajs.append(Trajectory(task_id, "alfworld", turns))
+    env.close()
+    return trajs
+
+
+def per_turn_copies(trajs: list[Trajectory]) -> list[Trajectory]:
+    """The same turns, each scored on its own prompt + answer (one sequence per turn)."""
+    out = []
+    for traj in trajs:
+        for turn in traj.turns:
+            alone = Turn(0, turn.observation, turn.prompt_ids, turn.action_ids, turn.student_logprobs)
+            out.append(Trajectory(traj.task_id, traj.env_name, [alone]))
+    return out
+
+
+def bench_teachers(model_dir: Path, backends: list[str], n: int, max_turns: int) -> list[dict]:
+    trajs = expert_chats(model_dir, n, max_turns)
+    assert all(len(trajectory_sequences(t)) == 1 for t in trajs), "expert chats must append"
+    action_tokens = sum(t.num_action_tokens for t in trajs)
+    rows = []
+    for backend in backends:
+        teacher = make_teacher(TeacherSpec(name="bench", model=str(model_dir), backend=backend, dtype="float32",
+                                           max_length=MAX_MODEL_LEN))
+        score_trajectories({"alfworld": teacher}, per_turn_copies(trajs[:1]))  # warm-up
+        for mode, batch in (("one_pass", trajs), ("per_turn", per_turn_copies(trajs))):
+            start = time.perf_counter()
+            scored = score_trajectories({"alfworld": teacher}, batch)
+            seconds = time.perf_counter() - start
+            rows.append({"backend": backend, "mode": mode, "trajectories": len(trajs), "turns": sum(t.depth for t in trajs),
+                         "tokens_scored": scored, "action_tokens": action_tokens, "seconds": seconds,
+                         "teacher_tokens_per_s": scored / seconds, "action_tokens_per_s": action_tokens / seconds})
+            print(json.dumps(rows[-1]), flush=True)
+        teacher.close()
+        del teacher
+    return rows
+
+
+def report(rollout_rows: list[dict], teacher_rows: list[dict]) -> str:
+    lines = ["| batch | backend | generated tok/s | env steps/s | env share of wall |", "|---|---|---|---|---|"]
+    by = {(r["backend"], r["batch"]): r for r in rollout_rows}
+    for (backend, batch), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        lines.append(f"| {batch} | {backend} | {r['gen_tokens_per_s']:.1f} | {r['env_steps_per_s']:.2f} | "
+                     f"{r['env_s'] / r['wall_s']:.0%} |")
+    for batch in sorted({b for _, b in by}):
+        if ("vllm", batch) in by and ("transformers", batch) in by:
+            v, t = by[("vllm", batch)], by[("transformers", batch)]
+            lines.append(f"| {batch} | vLLM / transformers | {v['gen_tokens_per_s'] / t['gen_tokens_per_s']:.2f}x | "
+                         f"{v['env_steps_per_s'] / t['env_steps_per_s']:.2f}x | |")
+    lines += ["", "| teacher | scoring | tokens run | action tok/s | teacher tok/s | time (s) |", "|---|---|---|---|---|---|"]
+    tb = {(r["backend"], r["mode"]): r for r in teacher_rows}
+    for (backend, mode), r in tb.items():
+        lines.append(f"| {backend} | {mode} | {r['tokens_scored']} | {r['action_tokens_per_s']:.1f} | "
+                     f"{r['teacher_tokens_per_s']:.0f} | {r['seconds']:.1f} |")
+    for backend in sorted({b for b, _ in tb}):
+        if (backend, "one_pass") in tb and (backend, "per_turn") in tb:
+            ratio = tb[(backend, "per_turn")]["seconds"] / tb[(backend, "one_pass")]["seconds"]
+            lines.append(f"| {backend} | per-turn time / one-pass time | | | | {ratio:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m", help="a model folder, a model preparation name, or 'tiny'")
+    parser.add_argument("--backends", nargs="+", default=["transformers", "vllm"])
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 32])
+    parser.add_argument("--turns", type=int, default=1, help="turns per episode (the depth cap)")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--teacher-trajectories", type=int, default=2)
+    parser.add_argument("--teacher-turns", type=int, default=6, help="at most this many turns per expert chat")
+    parser.add_argument("--skip-rollouts", action="store_true")
+    parser.add_argument("--output", type=Path, help="write all rows as JSON here")
+    args = parser.parse_args(argv)
+    model_dir = resolve_model(args.model)
+    print(f"model {model_dir}, threads {os.environ.get('OMP_NUM_THREADS', 'default')}", flush=True)
+    rollout_rows = [] if args.skip_rollouts else bench_rollouts(
+        model_dir, args.backends, args.batch_sizes, args.turns, args.max_new_tokens)
+    teacher_rows = bench_teachers(model_dir, args.backends, args.teacher_trajectories, args.teacher_turns)
+    table = report(rollout_rows, teacher_rows)
+    print(table)
+    if args.output:
+        args.output.write_text(json.dumps({"model": str(model_dir), "args": vars(args) | {"output": str(args.output)},
+                                           "rollouts": rollout_rows, "teachers": teacher_rows, "table": table},
+                                          indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Teacher scoring of student trajectories, routed by env name.
+
+Each trajectory is split into the fewest sequences that reproduce what the student saw
+(turnopd.types.trajectory_sequences): ONE sequence for the whole trajectory when every prompt
+extends the previous prompt + answer (a chat that only appends), else one per turn window (the
+rollout engine's prompts re-render a history window each turn, so its trajectories score one
+window per turn). All sequences of all trajectories that share a teacher go to it in one call, so
+the backend batches across trajectories. Only the student's action tokens are read out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from teachers.base import Teacher
+from turnopd.types import ScoredSequence, Trajectory, trajectory_sequences
+
+
+def score_trajectories(teachers_by_env: dict[str, Teacher], trajectories: Sequence[Trajectory],
+                       topk: int = 0) -> int:
+    """Fill each turn's teacher_logprobs (and teacher_topk_* when topk > 0) in place.
+
+    Returns the number of tokens the teachers scored (prompts included).
+    """
+    missing = sorted({t.env_name for t in trajectories} - set(teachers_by_env))
+    if missing:
+        raise KeyError(f"no teacher for env(s) {', '.join(missing)}; teachers are configured for "
+                       f"{', '.join(sorted(teachers_by_env)) or 'no env'} (recipe key `teachers`)")
+    work: dict[int, list[tuple[Trajectory, ScoredSequence]]] = {}  # by teacher, so shared ones batch
+    teachers: dict[int, Teacher] = {}
+    for traj in trajectories:
+        teacher = teachers_by_env[traj.env_name]
+        teachers[id(teacher)] = teacher
+        for seq in trajectory_sequences(traj):
+            if len(seq.ids) > teacher.max_length:
+                raise ValueError(f"trajectory of task {traj.task_id} has a sequence of {len(seq.ids)} tokens > "
+                                 f"teacher {teacher.name}'s max_length {teacher.max_length}")
+            work.setdefault(id(teacher), []).append((traj, seq))
+    scored_tokens = 0
+    for key, items in work.items():
+        all_scores = teachers[key].score([seq.ids for _, seq in items], topk=topk)
+        for (traj, seq), scores in zip(items, all_scores, strict=True):
+            turns = {turn.index: turn for turn in traj.turns}
+            for start, end, turn_index in seq.spans:
+                turn = turns[turn_index]
+                turn.teacher_logprobs = scores.logprobs[start:end]
+                if topk:
+                    turn.teacher_topk_ids = scores.topk_ids[start:end]
+                    turn.teacher_topk_logprobs = scores.topk_logprobs[start:end]
+            scored_tokens += len(seq.ids)
+    return scored_tokens

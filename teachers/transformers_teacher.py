@@ -1,0 +1,70 @@
+"""The `transformers` teacher: a local Hugging Face model scoring sequences with batched forward passes.
+
+It exposes `.model` (the nn.Module) and `.tokenizer`, so the trainer's `full` estimator can run the
+teacher in its own process. spec.options: `max_batch_tokens` (padded tokens per forward pass,
+default 2048: the logits of a pass take max_batch_tokens x vocab floats), `device` (default cuda
+when available, else cpu).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from teachers.base import TEACHER_BACKENDS, TokenScores, check_sequences
+from teachers.spec import TeacherSpec
+from turnopd.rollout.transformers_backend import load_model, model_max_length
+
+
+def length_batches(lengths: list[int], max_batch_tokens: int) -> list[list[int]]:
+    """Indices grouped into batches whose padded size (rows x longest) stays within the budget;
+    sequences are taken longest first so that a batch pads little. A sequence longer than the
+    budget gets a batch of its own."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and lengths[batches[-1][0]] * (len(batches[-1]) + 1) <= max_batch_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+@TEACHER_BACKENDS.register("transformers")
+class TransformersTeacher:
+    def __init__(self, spec: TeacherSpec):
+        self.name = spec.name
+        self.model, self.tokenizer = load_model(spec.model, spec.dtype)
+        device = spec.options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.model.to(device).requires_grad_(False)
+        self.device = torch.device(device)
+        self.max_length = min(spec.max_length, model_max_length(self.model, self.tokenizer))
+        self.max_batch_tokens = int(spec.options.get("max_batch_tokens", 2048))
+
+    @torch.inference_mode()
+    def score(self, sequences: list[list[int]], topk: int = 0) -> list[TokenScores]:
+        check_sequences(sequences, self.max_length, self.name)
+        out: list[TokenScores | None] = [None] * len(sequences)
+        for batch in length_batches([len(s) for s in sequences], self.max_batch_tokens):
+            width = len(sequences[batch[0]])
+            ids = torch.zeros((len(batch), width), dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, i in enumerate(batch):  # right padding: positions are the same as unpadded
+                ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
+                mask[row, : len(sequences[i])] = 1
+            logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
+            for row, i in enumerate(batch):
+                n = len(sequences[i])
+                # logits at p-1 predict token p
+                logprobs = logits[row, : n - 1].float().log_softmax(-1)
+                targets = ids[row, 1:n].to(logprobs.device)
+                token_lp = [0.0, *logprobs.gather(1, targets[:, None]).squeeze(1).tolist()]
+                scores = TokenScores(logprobs=token_lp)
+                if topk:
+                    top = logprobs.topk(topk, dim=-1)
+                    scores.topk_ids = [[], *top.indices.tolist()]
+                    scores.topk_logprobs = [[], *top.values.tolist()]
+                out[i] = scores
+        return out  # type: ignore[return-value]
+
+    def close(self) -> None:
+        pass

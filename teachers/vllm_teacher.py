@@ -1,0 +1,69 @@
+"""The `vllm` teacher: an in-process vllm.LLM scoring sequences with `prompt_logprobs` (one prefill
+per sequence, all sequences in one call; vLLM batches them itself).
+
+spec.options: vLLM engine arguments (e.g. tensor_parallel_size), plus `max_logprobs` (the largest
+top-k asked, default 20). vLLM reserves one position for the token it must generate, so sequences
+of up to max_length - 1 tokens are scored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from teachers.base import TEACHER_BACKENDS, TokenScores, check_sequences
+from teachers.spec import TeacherSpec
+from turnopd.rollout.vllm_backend import close_llm, make_llm
+
+
+def scores_from_prompt_logprobs(ids: Sequence[int], entries: Sequence[Mapping[int, tuple[float, int]] | None],
+                                topk: int) -> TokenScores:
+    """TokenScores from vLLM's prompt log-probs, normalized to {token id: (logprob, rank)} per position
+    (entry 0 is None). Each entry holds the sequence's own token and the top-k (ranks 1..k)."""
+    if len(entries) != len(ids):
+        raise ValueError(f"vLLM returned {len(entries)} prompt log-prob entries for {len(ids)} tokens")
+    logprobs = [0.0]
+    topk_ids: list[list[int]] = [[]]
+    topk_lps: list[list[float]] = [[]]
+    for p in range(1, len(ids)):
+        entry = entries[p]
+        logprobs.append(float(entry[ids[p]][0]))
+        if topk:
+            top = sorted((rank, token, lp) for token, (lp, rank) in entry.items() if rank <= topk)
+            topk_ids.append([token for _, token, _ in top])
+            topk_lps.append([float(lp) for _, _, lp in top])
+    if not topk:
+        return TokenScores(logprobs=logprobs)
+    return TokenScores(logprobs=logprobs, topk_ids=topk_ids, topk_logprobs=topk_lps)
+
+
+@TEACHER_BACKENDS.register("vllm")
+class VLLMTeacher:
+    def __init__(self, spec: TeacherSpec):
+        self.name = spec.name
+        options = dict(spec.options)
+        self.max_logprobs = int(options.pop("max_logprobs", 20))
+        self.llm = make_llm(spec.model, dtype=spec.dtype, max_model_len=spec.max_length,
+                            max_logprobs=self.max_logprobs, **options)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.max_length = int(self.llm.llm_engine.model_config.max_model_len) - 1
+
+    def score(self, sequences: list[list[int]], topk: int = 0) -> list[TokenScores]:
+        from vllm import SamplingParams
+
+        check_sequences(sequences, self.max_length, self.name)
+        if topk > self.max_logprobs:
+            raise ValueError(f"teacher {self.name}: top-k {topk} > max_logprobs {self.max_logprobs} "
+                             "(raise options.max_logprobs in the teacher spec)")
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=topk)
+        outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False)
+        return [scores_from_prompt_logprobs(seq, [None, *(_normalize(e) for e in out.prompt_logprobs[1:])], topk)
+                for seq, out in zip(sequences, outputs, strict=True)]
+
+    def close(self) -> None:
+        close_llm(self.llm)
+        self.llm = None
+
+
+def _normalize(entry: Mapping[int, Any]) -> dict[int, tuple[float, int]]:
+    return {int(token): (lp.logprob, lp.rank) for token, lp in entry.items()}

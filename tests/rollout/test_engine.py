@@ -1,0 +1,230 @@
+"""The rollout engine on a tiny deterministic env (in-process stand-ins for the env pool and, in
+most tests, a scripted policy); tests/rollout/test_engine_alfworld.py plays real ALFWorld games
+with a real model."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from envs.base import ParsedAction, PromptContext, StepOutcome, extract_action
+from turnopd.config import EnvConfig, PolicyConfig
+from turnopd.ledger import Ledger
+from turnopd.rollout import POLICY_BACKENDS, Generation, SamplingParams
+from turnopd.rollout.completion import PromptTooLongError
+from turnopd.rollout.engine import chat_prompt_ids, rollout
+
+# Task ids "need-K:PATTERN": the env is won after K actions "step"; the scripted policy answers turn
+# t by PATTERN[t % len]: "s" -> step, "x" -> an action the env refuses, "?" -> no action tags.
+# "crash-K:..." ends by an env error at step K (K = 0: at reset).
+ANSWERS = {"s": "<action>step</action>", "x": "<action>dance</action>", "?": "I do not know"}
+
+
+class CounterEnv:
+    def reset(self, task_id: str) -> StepOutcome:
+        self.kind, rest = task_id.split("-")
+        self.goal = int(rest.split(":")[0])
+        self.count = self.steps = 0
+        if self.kind == "crash" and self.goal == 0:
+            return StepOutcome("", done=True, info={"env_error": "boom at reset"})
+        return StepOutcome("count 0", admissible=["step"], info={"task": f"reach {self.goal}"})
+
+    def step(self, action: str) -> StepOutcome:
+        self.steps += 1
+        if self.kind == "crash" and self.steps == self.goal:
+            return StepOutcome("", done=True, info={"env_error": "boom"})
+        valid = action == "step"
+        self.count += valid
+        won = self.kind == "need" and self.count == self.goal
+        return StepOutcome(f"count {self.count}", reward=1.0 if won else 0.0, done=won, won=won,
+                           admissible=["step"], info={"invalid": not valid})
+
+    def close(self) -> None:
+        pass
+
+
+class CounterSpec:
+    name = "counter"
+    default_max_turns = 10
+
+    def task_type(self, task_id: str) -> str:
+        return task_id.split("-")[0]
+
+    def make(self) -> CounterEnv:
+        return CounterEnv()
+
+    def parse_action(self, text: str) -> ParsedAction:
+        return extract_action(text)
+
+    def render_prompt(self, ctx: PromptContext) -> str:
+        return f"goal={ctx.task} step={ctx.step} obs={ctx.observation} history={ctx.history} admissible={ctx.admissible}"
+
+
+class InProcessPool:
+    """The EnvPool interface, envs stepped in this process; refuses to step an ended episode, as
+    envs.pool.EnvPool does."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.stepped: list[list[int]] = []
+
+    def reset(self, task_ids):
+        self.envs = [self.spec.make() for _ in task_ids]
+        outcomes = [env.reset(t) for env, t in zip(self.envs, task_ids, strict=True)]
+        self.done = [o.done for o in outcomes]
+        return outcomes
+
+    def step(self, actions):
+        assert not any(self.done[s] for s in actions), "stepped an episode that had ended"
+        self.stepped.append(sorted(actions))
+        out = {s: self.envs[s].step(a) for s, a in actions.items()}
+        for s, o in out.items():
+            self.done[s] = o.done
+        return out
+
+
+class ScriptedPolicy:
+    """Answers from the task's pattern, read back from the prompt text."""
+
+    def __init__(self, tokenizer, max_model_len: int = 4096):
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.weight_version = 7
+        self.batch_sizes: list[int] = []
+        self.patterns: dict[str, str] = {}  # goal text -> pattern
+
+    def generate(self, prompts, sampling):
+        self.batch_sizes.append(len(prompts))
+        out = []
+        for prompt in prompts:
+            text = self.tokenizer.decode(prompt)
+            goal = re.search(r"goal=(.*?) step=", text).group(1)
+            step = int(re.search(r" step=(\d+)", text).group(1))
+            pattern = self.patterns[goal]
+            answer = ANSWERS[pattern[step % len(pattern)]]
+            ids = self.tokenizer(answer, add_special_tokens=False)["input_ids"]
+            out.append([Generation(ids, [-0.25] * len(ids), answer)])
+        return out
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def play(tokenizer, tasks, *, cap, max_turns=10, history_length=2, is_probe=False, penalty=0.0, ledger=None):
+    spec = CounterSpec()
+    pool = InProcessPool(spec)
+    policy = ScriptedPolicy(tokenizer)
+    for task in tasks:
+        kind, rest = task.split("-")
+        goal, pattern = rest.split(":")
+        policy.patterns[f"reach {goal}"] = pattern
+    env_config = EnvConfig(name="alfworld", max_turns=max_turns, history_length=history_length,
+                           invalid_action_penalty=penalty)
+    trajs = rollout(spec, pool, policy, tasks, env_config=env_config, sampling=SamplingParams(),
+                    cap=cap, is_probe=is_probe, ledger=ledger)
+    return trajs, policy, pool
+
+
+def test_cap_truncates_and_finished_episodes_are_dropped(tokenizer):
+    ledger = Ledger()
+    trajs, policy, pool = play(tokenizer, ["need-1:s", "need-2:s", "need-5:s", "need-5:s"], cap=3, ledger=ledger)
+    assert [t.depth for t in trajs] == [1, 2, 3, 3]
+    assert [t.success for t in trajs] == [True, True, False, False]
+    assert [t.truncated for t in trajs] == [False, False, True, True]
+    assert policy.batch_sizes == [4, 3, 2]
+    assert pool.stepped == [[0, 1, 2, 3], [1, 2, 3], [2, 3]]
+    assert all(not t.is_probe and t.weight_version == 7 and t.env_name == "counter" for t in trajs)
+    assert [t.task_type for t in trajs] == ["need"] * 4
+    assert set(ledger.totals) == {"rollout", "env"}
+    assert [turn.index for turn in trajs[2].turns] == [0, 1, 2]
+    assert trajs[0].turns[0].reward == 1.0 and trajs[2].turns[0].reward == 0.0
+
+
+def test_probe_runs_full_depth_and_is_not_truncated(tokenizer):
+    trajs, policy, _ = play(tokenizer, ["need-3:s", "need-20:s"], cap=6, max_turns=6, is_probe=True)
+    assert [t.depth for t in trajs] == [3, 6]
+    assert [t.truncated for t in trajs] == [False, False]  # the env's max_turns ended it, not a cap
+    assert [t.success for t in trajs] == [True, False]
+    assert all(t.is_probe for t in trajs)
+    assert policy.batch_sizes == [2, 2, 2, 1, 1, 1]
+    with pytest.raises(ValueError, match="full depth"):
+        play(tokenizer, ["need-3:s"], cap=5, max_turns=6, is_probe=True)
+
+
+def test_invalid_actions_counted_and_penalized(tokenizer):
+    (traj,), _, _ = play(tokenizer, ["need-2:x?sxs"], cap=10, penalty=0.5)
+    assert [turn.invalid for turn in traj.turns] == [True, True, False, True, False]
+    assert [turn.reward for turn in traj.turns] == [-0.5, -0.5, 0.0, -0.5, 1.0]
+    assert traj.invalid_actions == 3 and traj.success
+    assert [turn.action_text for turn in traj.turns] == [ANSWERS[c] for c in "x?sxs"]
+
+
+def test_prompts_show_the_history_window(tokenizer):
+    for history_length in (0, 2):
+        (traj,), _, _ = play(tokenizer, ["need-9:sx?"], cap=5, history_length=history_length)
+        spec = CounterSpec()
+        for t, turn in enumerate(traj.turns):
+            pairs = [(prev.observation, spec.parse_action(prev.action_text).action) for prev in traj.turns[:t]]
+            window = pairs[-history_length:] if history_length else []
+            expected = spec.render_prompt(PromptContext(task="reach 9", step=t, observation=turn.observation,
+                                                        history=window, admissible=["step"]))
+            assert turn.prompt_ids == chat_prompt_ids(tokenizer, expected)
+            assert turn.observation == f"count {sum(c == 's' for c in ('sx?' * 3)[:t])}"
+
+
+def test_env_errors_mark_failed_by_env(tokenizer):
+    trajs, _, _ = play(tokenizer, ["crash-2:s", "crash-0:s", "need-4:s"], cap=10)
+    assert [t.failed_by_env for t in trajs] == [True, True, False]
+    assert [t.depth for t in trajs] == [2, 0, 4]
+    assert [t.success for t in trajs] == [False, False, True]
+    assert not any(t.truncated for t in trajs)
+
+
+def test_bad_arguments_fail_before_any_env_work(tokenizer):
+    spec, env_config = CounterSpec(), EnvConfig(name="alfworld", max_turns=5)
+    policy = ScriptedPolicy(tokenizer)
+    for kwargs, message in (({"cap": 0}, "cap must be >= 1"),
+                            ({"cap": 3, "sampling": SamplingParams(n=2)}, "one sample per episode")):
+        pool = InProcessPool(spec)
+        args = {"env_config": env_config, "sampling": SamplingParams(), **kwargs}
+        with pytest.raises(ValueError, match=message):
+            rollout(spec, pool, policy, ["need-1:s"], **args)
+        assert not hasattr(pool, "envs")
+    with pytest.raises(ValueError, match="at least one task"):
+        rollout(spec, InProcessPool(spec), policy, [], env_config=env_config, sampling=SamplingParams(), cap=3)
+
+
+def test_prompt_too_long_names_history_length(tokenizer):
+    spec = CounterSpec()
+    policy = ScriptedPolicy(tokenizer, max_model_len=60)
+    policy.patterns["reach 9"] = "s"
+    with pytest.raises(PromptTooLongError, match=r"env.history_length \(now 2\)"):
+        rollout(spec, InProcessPool(spec), policy, ["need-9:s"], env_config=EnvConfig(name="alfworld"),
+                sampling=SamplingParams(max_new_tokens=8), cap=5)
+
+
+def test_real_policy_turns_hold_exact_student_logprobs(tiny_model_dir):
+    """With the real transformers policy: every turn's action tokens and log-probs are what the model
+    gives for exactly the recorded prompt."""
+    policy = POLICY_BACKENDS.get("transformers")(tiny_model_dir, PolicyConfig(), dtype="float32")
+    spec = CounterSpec()
+    env_config = EnvConfig(name="alfworld", max_turns=3, history_length=1)
+    trajs = rollout(spec, InProcessPool(spec), policy, ["need-2:s", "need-1:s"], env_config=env_config,
+                    sampling=SamplingParams(temperature=1.0, max_new_tokens=8, seed=5), cap=2)
+    assert [t.depth for t in trajs] == [2, 2]  # a random model never says "step": truncated by the cap
+    assert all(t.truncated and t.weight_version == 0 for t in trajs)
+    for traj in trajs:
+        for turn in traj.turns:
+            assert 1 <= len(turn.action_ids) <= 8
+            with torch.no_grad():
+                logits = policy.model(torch.tensor([turn.prompt_ids + turn.action_ids])).logits[0]
+            lp = logits.log_softmax(-1)
+            n = len(turn.prompt_ids)
+            expected = [lp[n - 1 + j, t].item() for j, t in enumerate(turn.action_ids)]
+            assert turn.student_logprobs == pytest.approx(expected, abs=1e-4)
+            assert turn.invalid  # random text has no action tags

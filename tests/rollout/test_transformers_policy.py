@@ -1,0 +1,141 @@
+"""The transformers policy backend on a tiny local model: log-probs, batching, stop strings, n
+samples, weight sync. Expected values come from plain forward passes of the same model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from turnopd.config import PolicyConfig
+from turnopd.rollout import POLICY_BACKENDS, SamplingParams
+from turnopd.rollout.completion import PromptTooLongError, finish_completion
+from turnopd.rollout.engine import chat_prompt_ids
+
+MESSAGES = ["You arrive at desk 1.", "Your task is to: put some pencil on desk. You see a bed 1 and a drawer 2.",
+            "Nothing happens.", "You pick up the pencil 1 from the desk 1."]
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_dir):
+    return POLICY_BACKENDS.get("transformers")(tiny_model_dir, PolicyConfig(max_batch_size=8), dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def prompts(policy):
+    return [chat_prompt_ids(policy.tokenizer, m) for m in MESSAGES]
+
+
+def forward_logprobs(model, prompt: list[int], completion: list[int]) -> list[float]:
+    """log p(completion[j] | prompt + completion[:j]) from one unpadded forward pass at temperature 1."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0].float()
+    lp = logits.log_softmax(-1)
+    return [lp[len(prompt) - 1 + j, t].item() for j, t in enumerate(completion)]
+
+
+def greedy_reference(model, prompt: list[int], steps: int) -> list[int]:
+    """Greedy decoding by repeated full forward passes (no cache, no padding)."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(steps):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def test_prompts_have_different_lengths(prompts):
+    assert len({len(p) for p in prompts}) == len(prompts)  # so left padding is exercised
+
+
+def test_greedy_batched_matches_unbatched_reference(policy, prompts):
+    out = policy.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=12, stop=()))
+    assert [len(samples) for samples in out] == [1] * len(prompts)
+    for prompt, (gen,) in zip(prompts, out, strict=True):
+        reference = greedy_reference(policy.model, prompt, 12)
+        eos = policy.tokenizer.eos_token_id
+        expected = reference[: reference.index(eos) + 1] if eos in reference else reference
+        assert gen.token_ids == expected
+        assert gen.finish_reason == ("stop" if eos in reference else "length")
+        assert gen.logprobs == pytest.approx(forward_logprobs(policy.model, prompt, gen.token_ids), abs=1e-4)
+        assert gen.text == policy.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+
+
+def test_sampled_logprobs_are_raw_model_logprobs(policy, prompts):
+    """Stored log-probs are under the raw distribution at any temperature / top-p (the trainer's)."""
+    for temperature, top_p in ((1.0, 1.0), (0.7, 0.9)):
+        out = policy.generate(prompts, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=10,
+                                                      stop=(), n=2, seed=3))
+        for prompt, samples in zip(prompts, out, strict=True):
+            assert len(samples) == 2
+            for gen in samples:
+                assert gen.logprobs == pytest.approx(forward_logprobs(policy.model, prompt, gen.token_ids), abs=1e-4)
+
+
+def test_n_samples_seeded_and_chunked(tiny_model_dir, policy, prompts):
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, stop=(), n=3, seed=11)
+    first = policy.generate(prompts, sampling)
+    assert [len(s) for s in first] == [3] * len(prompts)
+    assert all(1 <= len(g.token_ids) <= 8 for s in first for g in s)
+    again = policy.generate(prompts, sampling)
+    assert [[g.token_ids for g in s] for s in first] == [[g.token_ids for g in s] for s in again]
+    # 12 rows in batches of 5 rows: the same shapes, and every sample's log-probs still exact
+    small = POLICY_BACKENDS.get("transformers")(policy.model, PolicyConfig(max_batch_size=5), tokenizer=policy.tokenizer)
+    chunked = small.generate(prompts, sampling)
+    assert [len(s) for s in chunked] == [3] * len(prompts)
+    for prompt, samples in zip(prompts, chunked, strict=True):
+        for gen in samples:
+            assert gen.logprobs == pytest.approx(forward_logprobs(policy.model, prompt, gen.token_ids), abs=1e-4)
+    # samples of one prompt differ (12 draws of 8 tokens from a random model: equal ones are ~impossible)
+    assert len({tuple(g.token_ids) for g in first[0]}) == 3
+
+
+def test_stop_string_cuts_after_its_tokens(policy, prompts):
+    free = policy.generate(prompts[:1], SamplingParams(temperature=0.0, max_new_tokens=16, stop=()))[0][0]
+    text = free.text
+    assert len(text) >= 6, text
+    stop = text[3:6]  # a stop string in the middle of the greedy answer
+    cut = policy.generate(prompts[:1], SamplingParams(temperature=0.0, max_new_tokens=16, stop=(stop,)))[0][0]
+    # expected: the shortest prefix of the free answer whose text contains the stop string
+    k = next(k for k in range(1, len(free.token_ids) + 1)
+             if stop in policy.tokenizer.decode(free.token_ids[:k], skip_special_tokens=True))
+    assert cut.token_ids == free.token_ids[:k]
+    assert cut.logprobs == pytest.approx(free.logprobs[:k])
+    assert stop in cut.text and cut.finish_reason == "stop"
+
+
+def test_finish_completion_rules(policy):
+    tok = policy.tokenizer
+    eos = tok.eos_token_id
+    ids = tok("<action>go to desk 1</action> trailing", add_special_tokens=False)["input_ids"]
+    gen = finish_completion(ids + [eos, 5, 6], [-0.5] * (len(ids) + 3), tok, ("</action>",), {eos})
+    assert gen.text == "<action>go to desk 1</action>" and gen.finish_reason == "stop"
+    assert len(gen.token_ids) == len(gen.logprobs) < len(ids)
+    gen = finish_completion(ids + [eos, 5], [-0.5] * (len(ids) + 2), tok, (), {eos})
+    assert gen.token_ids == ids + [eos] and gen.finish_reason == "stop"
+    gen = finish_completion(ids, [-0.5] * len(ids), tok, ("nowhere",), {eos})
+    assert gen.token_ids == ids and gen.finish_reason == "length"
+
+
+def test_prompt_too_long_fails_before_generating(policy):
+    too_long = [5] * (policy.max_model_len - 3)
+    with pytest.raises(PromptTooLongError, match=r"prompt 1 has .* max length"):
+        policy.generate([[5, 6], too_long], SamplingParams(max_new_tokens=4))
+
+
+def test_weight_sync_same_module_and_state_dict(tiny_model_dir, prompts):
+    own = POLICY_BACKENDS.get("transformers")(tiny_model_dir, PolicyConfig(), dtype="float32")
+    other = POLICY_BACKENDS.get("transformers")(tiny_model_dir, PolicyConfig(), dtype="float32")
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6, stop=())
+    with torch.no_grad():
+        for p in other.model.parameters():
+            p.add_(torch.randn_like(p, generator=torch.Generator().manual_seed(1)) * 0.5)
+    own.update_weights(other.model.state_dict())  # a copy
+    assert own.weight_version == 1 and own.model is not other.model
+    for prompt, (gen,) in zip(prompts, own.generate(prompts, greedy), strict=True):
+        assert gen.token_ids[:6] == greedy_reference(other.model, prompt, 6)[: len(gen.token_ids)]
+        assert gen.logprobs == pytest.approx(forward_logprobs(other.model, prompt, gen.token_ids), abs=1e-4)
+    same = POLICY_BACKENDS.get("transformers")(other.model, PolicyConfig(), tokenizer=other.tokenizer)
+    same.update_weights(other.model)  # the trainer's own module: nothing to copy
+    assert same.weight_version == 1 and same.model is other.model
+    other.model.train()
+    same.generate(prompts[:1], greedy)
+    assert other.model.training  # generation ran in eval mode and gave the mode back

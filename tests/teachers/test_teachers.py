@@ -1,0 +1,244 @@
+"""Teachers without vLLM: the transformers backend against plain forward passes, trajectory
+scoring (one pass vs per turn), routing, specs, the tokenizer guard and the server client's
+retry-then-error on a port where nothing listens. vLLM backends: tests/teachers/test_vllm_teachers.py."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+import torch
+
+from teachers import (
+    TeacherServerError,
+    TeacherSpec,
+    TeacherSpecError,
+    TokenizerMismatchError,
+    check_tokenizers,
+    load_teacher_spec,
+    make_teacher,
+    make_teachers,
+    save_teacher_spec,
+    score_trajectories,
+    server_command,
+)
+from turnopd.models.tiny import build_tiny_model, build_tokenizer
+from turnopd.types import Trajectory, Turn, trajectory_sequences
+
+
+@pytest.fixture(scope="module")
+def teacher(tiny_model_dir):
+    return make_teacher(TeacherSpec(name="tiny-teacher", model=str(tiny_model_dir), dtype="float32",
+                                    max_length=1024, options={"max_batch_tokens": 64}))
+
+
+def forward_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """[len(ids) - 1, vocab] log-probs predicting ids[1:], from one unpadded forward pass."""
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, :-1].float().log_softmax(-1)
+
+
+def random_ids(n: int, vocab: int, seed: int) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_scores_equal_unpadded_forward(teacher):
+    vocab = len(teacher.tokenizer)
+    sequences = [random_ids(n, vocab, seed) for seed, n in enumerate((30, 5, 17, 2, 40))]
+    scores = teacher.score(sequences, topk=4)  # a 64-token budget: several padded batches
+    for ids, s in zip(sequences, scores, strict=True):
+        lp = forward_logprobs(teacher.model, ids)
+        assert s.logprobs[0] == 0.0 and s.topk_ids[0] == [] and s.topk_logprobs[0] == []
+        expected = lp.gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1).tolist()
+        assert s.logprobs[1:] == pytest.approx(expected, abs=1e-5)
+        top = lp.topk(4, dim=-1)
+        assert s.topk_ids[1:] == top.indices.tolist()
+        torch.testing.assert_close(torch.tensor(s.topk_logprobs[1:]), top.values, atol=1e-5, rtol=0)
+    assert all(s.topk_ids is None for s in teacher.score(sequences[:2]))
+
+
+def test_bad_sequences_fail_before_scoring(teacher):
+    with pytest.raises(ValueError, match="sequence 1 is empty"):
+        teacher.score([[1, 2], []])
+    with pytest.raises(ValueError, match="sequence 0 has 1025 tokens > its max_length 1024"):
+        teacher.score([[3] * 1025])
+
+
+def appending_trajectory(vocab: int, turns: int, seed: int, env: str = "alfworld") -> Trajectory:
+    """A multi-turn chat that only appends: each prompt = previous prompt + answer + new observation."""
+    context: list[int] = []
+    out = []
+    for t in range(turns):
+        context = context + random_ids(6 + t, vocab, seed * 100 + t)
+        action = random_ids(3 + t % 2, vocab, seed * 100 + 50 + t)
+        out.append(Turn(t, f"obs {t}", list(context), action, [-1.0] * len(action)))
+        context = context + action
+    return Trajectory(task_id=f"task-{seed}", env_name=env, turns=out)
+
+
+def windowed_trajectory(vocab: int, turns: int, seed: int, env: str = "alfworld") -> Trajectory:
+    """Prompts re-rendered every turn (what the rollout engine produces)."""
+    out = []
+    for t in range(turns):
+        prompt = random_ids(8 + t, vocab, seed * 100 + t)
+        action = random_ids(4, vocab, seed * 100 + 50 + t)
+        out.append(Turn(t, f"obs {t}", prompt, action, [-1.0] * len(action)))
+    return Trajectory(task_id=f"task-{seed}", env_name=env, turns=out)
+
+
+class CountingTeacher:
+    """Wraps a real teacher to count what it is asked to score."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.max_length = inner, inner.name, inner.max_length
+        self.calls: list[int] = []
+
+    def score(self, sequences, topk=0):
+        self.calls.append(len(sequences))
+        return self.inner.score(sequences, topk)
+
+
+def test_one_pass_equals_per_turn_scoring(teacher):
+    vocab = len(teacher.tokenizer)
+    trajs = [appending_trajectory(vocab, 4, seed=1), appending_trajectory(vocab, 3, seed=2)]
+    counting = CountingTeacher(teacher)
+    scored = score_trajectories({"alfworld": counting}, trajs, topk=3)
+    assert counting.calls == [2]  # one call, one sequence per trajectory
+    assert scored == sum(len(t.turns[-1].prompt_ids) + len(t.turns[-1].action_ids) for t in trajs)
+    for traj in trajs:
+        for turn in traj.turns:
+            # the same turn scored alone, on its own prompt + action
+            lp = forward_logprobs(teacher.model, turn.prompt_ids + turn.action_ids)[len(turn.prompt_ids) - 1 :]
+            expected = lp.gather(1, torch.tensor(turn.action_ids)[:, None]).squeeze(1).tolist()
+            assert turn.teacher_logprobs == pytest.approx(expected, abs=1e-5)
+            assert turn.teacher_topk_ids == lp.topk(3, dim=-1).indices.tolist()
+            assert len(turn.teacher_topk_logprobs) == len(turn.action_ids)
+
+
+def test_windowed_trajectories_score_each_turn_window(teacher):
+    vocab = len(teacher.tokenizer)
+    trajs = [windowed_trajectory(vocab, 3, seed=3), windowed_trajectory(vocab, 2, seed=4)]
+    assert [len(trajectory_sequences(t)) for t in trajs] == [3, 2]
+    counting = CountingTeacher(teacher)
+    score_trajectories({"alfworld": counting}, trajs)
+    assert counting.calls == [5]  # every window of every trajectory in one batched call
+    for traj in trajs:
+        for turn in traj.turns:
+            lp = forward_logprobs(teacher.model, turn.prompt_ids + turn.action_ids)[len(turn.prompt_ids) - 1 :]
+            assert turn.teacher_logprobs == pytest.approx(
+                lp.gather(1, torch.tensor(turn.action_ids)[:, None]).squeeze(1).tolist(), abs=1e-5)
+            assert turn.teacher_topk_ids is None
+
+
+def test_routing_by_env_and_missing_teacher(teacher, tiny_model_dir, tmp_path):
+    other_dir = build_tiny_model(tmp_path / "other", tokenizer=tiny_model_dir, hidden_size=64, num_heads=2, seed=9)
+    other = make_teacher(TeacherSpec(name="other", model=str(other_dir), dtype="float32", max_length=256))
+    vocab = len(teacher.tokenizer)
+    a, b = windowed_trajectory(vocab, 2, seed=5, env="alfworld"), windowed_trajectory(vocab, 2, seed=5, env="webshop")
+    score_trajectories({"alfworld": teacher, "webshop": other}, [a, b])
+    for traj, model in ((a, teacher.model), (b, other.model)):
+        turn = traj.turns[1]
+        lp = forward_logprobs(model, turn.prompt_ids + turn.action_ids)[len(turn.prompt_ids) - 1 :]
+        assert turn.teacher_logprobs == pytest.approx(
+            lp.gather(1, torch.tensor(turn.action_ids)[:, None]).squeeze(1).tolist(), abs=1e-5)
+    assert a.turns[1].teacher_logprobs != pytest.approx(b.turns[1].teacher_logprobs, abs=1e-3)
+    c = windowed_trajectory(vocab, 2, seed=6, env="search")
+    with pytest.raises(KeyError, match="no teacher for env.* search"):
+        score_trajectories({"alfworld": teacher}, [a, c])
+    long = Trajectory("long", "alfworld", [Turn(0, "", [5] * 1020, [6] * 10, [0.0] * 10)])
+    with pytest.raises(ValueError, match="task long .* 1030 tokens > teacher tiny-teacher's max_length 1024"):
+        score_trajectories({"alfworld": teacher}, [long])
+
+
+def test_spec_files(tmp_path, tiny_model_dir):
+    folder = tmp_path / "teachers" / "alfworld"
+    folder.mkdir(parents=True)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "t").symlink_to(tiny_model_dir)
+    (folder / "teacher.yaml").write_text("name: alf\nmodel: ../../models/t\ndtype: float32\nmax_length: 512\n")
+    spec = load_teacher_spec(folder / "teacher.yaml")
+    assert spec.model == str((tmp_path / "models" / "t").resolve())
+    assert (spec.backend, spec.max_length, spec.source) == ("transformers", 512, str(folder / "teacher.yaml"))
+    # round trip
+    again = load_teacher_spec(save_teacher_spec(spec, tmp_path / "copy" / "teacher.yaml"))
+    assert (again.name, again.model, again.dtype, again.max_length) == (spec.name, spec.model, "float32", 512)
+    # two envs naming one spec file share one loaded teacher
+    teachers = make_teachers({"alfworld": spec, "webshop": spec})
+    assert teachers["alfworld"] is teachers["webshop"]
+    bad = {
+        "model: x\n": "missing a value: name",
+        "name: a\nmodel: x\nbackend: nope\n": "'backend': 'nope' is not allowed; allowed: transformers, vllm, vllm_server",
+        "name: a\nmodel: x\nmax_len: 3\n": "max_len",
+        "name: a\nmodel: x\nbackend: vllm_server\n": "needs `url`",
+    }
+    for text, message in bad.items():
+        (folder / "bad.yaml").write_text(text)
+        with pytest.raises(TeacherSpecError, match=message.replace("(", r"\(")) as err:
+            load_teacher_spec(folder / "bad.yaml")
+        assert "bad.yaml" in str(err.value)
+    with pytest.raises(TeacherSpecError, match="not found"):
+        load_teacher_spec(tmp_path / "missing.yaml")
+    with pytest.raises(FileNotFoundError, match="model directory not found"):
+        make_teacher(TeacherSpec(name="gone", model=str(tmp_path / "gone")))
+
+
+def test_server_command_for_a_spec():
+    spec = TeacherSpec(name="alf", model="/m", dtype="float32", max_length=777,
+                       options={"max_logprobs": 5, "server_args": ["--seed", 3]})
+    cmd = server_command(spec, port=8123)
+    assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    flags = dict(zip(cmd[3::2], cmd[4::2], strict=False))
+    assert flags["--model"] == "/m" and flags["--served-model-name"] == "alf" and flags["--port"] == "8123"
+    assert flags["--max-model-len"] == "777" and flags["--max-logprobs"] == "5" and flags["--dtype"] == "float32"
+    assert cmd[-2:] == ["--seed", "3"]
+
+
+def test_tokenizer_guard(tiny_model_dir, teacher, tmp_path):
+    from transformers import AutoTokenizer
+
+    student = AutoTokenizer.from_pretrained(tiny_model_dir)
+    check_tokenizers(student, teacher.tokenizer, "student-dir", "tiny-teacher")
+    other = build_tokenizer(["a completely different corpus of words, spelled differently"] * 3)
+    with pytest.raises(TokenizerMismatchError, match=r"student tokenizer \(student-dir\) and teacher tokenizer "
+                                                     r"\(other-teacher\) differ: vocabulary sizes"):
+        check_tokenizers(student, other, "student-dir", "other-teacher")
+    # same size, different ids: the same tokenizer with two ids swapped
+    swapped_dir = tmp_path / "swapped"
+    student.save_pretrained(swapped_dir)
+    swapped = AutoTokenizer.from_pretrained(swapped_dir)
+    probe_ids = student("go to countertop 1", add_special_tokens=False)["input_ids"]
+    vocab = swapped.backend_tokenizer.to_str()
+    import json
+
+    data = json.loads(vocab)
+    inv = {v: k for k, v in data["model"]["vocab"].items()}
+    a, b = probe_ids[0], probe_ids[-1]
+    data["model"]["vocab"][inv[a]], data["model"]["vocab"][inv[b]] = b, a
+    (swapped_dir / "tokenizer.json").write_text(json.dumps(data))
+    swapped = AutoTokenizer.from_pretrained(swapped_dir)
+    assert len(swapped) == len(student)
+    with pytest.raises(TokenizerMismatchError, match="ids for the probe text"):
+        check_tokenizers(student, swapped, "student-dir", "swapped")
+    # same tokens, another chat template
+    templated = AutoTokenizer.from_pretrained(tiny_model_dir)
+    templated.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    with pytest.raises(TokenizerMismatchError, match="chat templates"):
+        check_tokenizers(student, templated, "student-dir", "templated")
+
+
+def test_server_client_retries_then_fails_clearly(tiny_model_dir):
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = make_teacher(TeacherSpec(name="t", model=str(tiny_model_dir), backend="vllm_server",
+                                      url=f"http://127.0.0.1:{port}", max_length=64,
+                                      options={"timeout_s": 1.5, "backoff_s": 0.1}))
+    assert client.tokenizer is not None  # the local tokenizer, for the start-up guard
+    t0 = time.monotonic()
+    with pytest.raises(TeacherServerError, match=r"no answer within 1.5 s \((\d+) attempts\).*ConnectionError") as err:
+        client.score([[1, 2, 3]])
+    elapsed = time.monotonic() - t0
+    attempts = int(err.value.args[0].split("(")[1].split()[0])
+    assert attempts >= 3  # 0.1 + 0.2 + 0.4 + 0.8 s of backoff fit in 1.5 s
+    assert 0.6 <= elapsed <= 5.0

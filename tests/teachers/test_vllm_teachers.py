@@ -1,0 +1,175 @@
+"""The vLLM teacher backends on the real vLLM (run in the vLLM venv:
+`pytest -m vllm tests/teachers/test_vllm_teachers.py`): in-process prompt log-probs and the
+OpenAI-compatible server (started here by `turnopd teacher serve`, stopped by its PID) against the
+transformers teacher in fp32, on trajectories the rollout engine played on real ALFWorld games."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm", reason="vllm is not installed in this environment (run in the vLLM venv)")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+from envs import make_env_spec  # noqa: E402
+from envs.pool import EnvPool  # noqa: E402
+from teachers import TeacherServerError, TeacherSpec, make_teacher, save_teacher_spec, score_trajectories  # noqa: E402
+from turnopd.config import EnvConfig, PolicyConfig  # noqa: E402
+from turnopd.rollout import POLICY_BACKENDS, SamplingParams  # noqa: E402
+from turnopd.rollout.engine import rollout  # noqa: E402
+
+SERVER_READY_S = 300
+TOPK = 5
+
+
+def spec_for(model_dir: Path, backend: str, **kw) -> TeacherSpec:
+    return TeacherSpec(name="tiny-teacher", model=str(model_dir), backend=backend, dtype="float32", max_length=1024,
+                       **kw)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir):
+    return make_teacher(spec_for(tiny_model_dir, "transformers"))
+
+
+@pytest.fixture(scope="module")
+def in_process(tiny_model_dir):
+    teacher = make_teacher(spec_for(tiny_model_dir, "vllm"))
+    yield teacher
+    teacher.close()
+
+
+@pytest.fixture(scope="module")
+def alfworld_trajectories(tiny_model_dir):
+    """Two real ALFWorld games cut at 3 of 5 turns, played by the tiny model (transformers backend)."""
+    env_config = EnvConfig(name="alfworld", max_turns=5, history_length=0, num_workers=1)
+    spec = make_env_spec(env_config)
+    policy = POLICY_BACKENDS.get("transformers")(tiny_model_dir, PolicyConfig(), dtype="float32")
+    with EnvPool(spec, num_workers=1, step_timeout_s=120) as pool:
+        return rollout(spec, pool, policy, spec.tasks("valid_seen")[:2], env_config=env_config,
+                       sampling=SamplingParams(temperature=1.0, max_new_tokens=12, seed=1), cap=3)
+
+
+def sequences(teacher, n: int = 6) -> list[list[int]]:
+    vocab = len(teacher.tokenizer)
+    return [torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(i)).tolist()
+            for i, length in enumerate([40, 3, 200, 17, 90, 2][:n])]
+
+
+def assert_same_scores(got, expected, topk: int) -> None:
+    for g, e in zip(got, expected, strict=True):
+        assert g.logprobs[0] == 0.0
+        assert g.logprobs == pytest.approx(e.logprobs, abs=1e-4)
+        if topk:
+            assert g.topk_ids[0] == []
+            torch.testing.assert_close(torch.tensor(g.topk_logprobs[1:]), torch.tensor(e.topk_logprobs[1:]),
+                                       atol=1e-4, rtol=0)
+            # ids agree wherever the teacher's log-probs are not (near-)tied
+            for ids_g, ids_e, lps in zip(g.topk_ids[1:], e.topk_ids[1:], e.topk_logprobs[1:], strict=True):
+                gaps = [a - b for a, b in zip(lps, lps[1:], strict=False)]
+                if min(gaps, default=1.0) > 1e-3:
+                    assert ids_g == ids_e
+
+
+def test_in_process_prompt_logprobs_match_transformers(in_process, reference):
+    seqs = sequences(reference)
+    assert_same_scores(in_process.score(seqs, topk=TOPK), reference.score(seqs, topk=TOPK), TOPK)
+    assert_same_scores(in_process.score(seqs), reference.score(seqs), 0)
+    assert in_process.max_length == 1023  # vLLM keeps one position for the token it generates
+    with pytest.raises(ValueError, match="top-k 21 > max_logprobs 20"):
+        in_process.score(seqs, topk=21)
+
+
+def test_alfworld_trajectories_scored_alike(alfworld_trajectories, in_process, reference):
+    trajs = alfworld_trajectories
+    assert [t.depth for t in trajs] == [3, 3] and all(t.truncated for t in trajs)
+    score_trajectories({"alfworld": reference}, trajs, topk=TOPK)
+    expected = [[list(turn.teacher_logprobs) for turn in t.turns] for t in trajs]
+    score_trajectories({"alfworld": in_process}, trajs, topk=TOPK)
+    for traj, exp in zip(trajs, expected, strict=True):
+        for turn, e in zip(traj.turns, exp, strict=True):
+            assert len(turn.teacher_logprobs) == len(turn.action_ids) == len(turn.teacher_topk_ids)
+            assert turn.teacher_logprobs == pytest.approx(e, abs=1e-4)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_pids(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    """`turnopd teacher serve` on 127.0.0.1; yields (url, the vLLM server's PID)."""
+    port = free_port()
+    spec_path = save_teacher_spec(spec_for(tiny_model_dir, "vllm_server", url=f"http://127.0.0.1:{port}"),
+                                  tmp_path_factory.mktemp("spec") / "teacher.yaml")
+    log = open(tmp_path_factory.mktemp("log") / "serve.log", "w+")  # noqa: SIM115
+    cli = subprocess.Popen([sys.executable, "-m", "turnopd.cli", "teacher", "serve", str(spec_path),
+                            "--port", str(port), "--ready-timeout", str(SERVER_READY_S)],
+                           stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                           start_new_session=True)  # its own process group: server and engine die with it
+    try:
+        deadline = time.monotonic() + SERVER_READY_S
+        while "is served at" not in Path(log.name).read_text():
+            assert cli.poll() is None, f"turnopd teacher serve exited: {Path(log.name).read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "the teacher server did not start in time"
+            time.sleep(1)
+        (server_pid,) = child_pids(cli.pid)
+        yield spec_path, server_pid, cli
+    finally:
+        cli.send_signal(signal.SIGTERM)  # the serve command stops its server on SIGTERM
+        cli.wait(timeout=60)
+        log.close()
+        # A server killed with SIGKILL leaves its vLLM engine-core process behind: end the group.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(cli.pid, signal.SIGKILL)
+
+
+def test_server_scores_like_transformers_then_fails_clearly_when_killed(server, reference, alfworld_trajectories):
+    from teachers import load_teacher_spec
+
+    spec_path, server_pid, cli = server
+    spec = load_teacher_spec(spec_path)
+    spec.options = {"batch_size": 4, "timeout_s": 120.0, "max_logprobs": 50}
+    client = make_teacher(spec)
+    spec.options = {"timeout_s": 3.0, "backoff_s": 0.2}
+    impatient = make_teacher(spec)
+    seqs = sequences(reference)
+    assert_same_scores(client.score(seqs, topk=TOPK), reference.score(seqs, topk=TOPK), TOPK)  # 2 requests
+    def action_scores() -> list[float]:
+        return [x for t in alfworld_trajectories for turn in t.turns for x in turn.teacher_logprobs]
+
+    score_trajectories({"alfworld": client}, alfworld_trajectories)
+    by_server = action_scores()
+    score_trajectories({"alfworld": reference}, alfworld_trajectories)
+    assert by_server == pytest.approx(action_scores(), abs=1e-4)
+    # a request the server refuses (its --max-logprobs is 20) fails at once, with the server's reason
+    t0 = time.monotonic()
+    with pytest.raises(TeacherServerError, match=r"refused the request \(HTTP 400\)"):
+        client.score(seqs[:1], topk=30)
+    assert time.monotonic() - t0 < 2.0
+    # the server dies mid-run: retries with backoff, then a clear error after timeout_s
+    os.kill(server_pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(TeacherServerError, match=r"no answer within 3 s \((\d+) attempts\)") as err:
+        impatient.score(seqs)
+    assert 2.0 <= time.monotonic() - t0 <= 8.0
+    assert int(str(err.value).split("(")[1].split()[0]) >= 3
+    assert "turnopd teacher serve" in str(err.value)
+    assert cli.wait(timeout=30) != 0  # `turnopd teacher serve` ends with its server
