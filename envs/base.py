@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -89,6 +91,30 @@ ANSWER_INSTRUCTIONS = {
 
 _ACTION_RE = re.compile(r"<action>(.*?)</action>", re.DOTALL)
 _OPEN_ACTION_RE = re.compile(r"<action>(.*)\Z", re.DOTALL)
+
+
+def answer_instruction(answer_format: str) -> str:
+    """The sentence that tells the model how to lay out its answer."""
+    if answer_format not in ANSWER_INSTRUCTIONS:
+        raise ValueError(f"unknown answer_format {answer_format!r}; allowed: {', '.join(ANSWER_FORMATS)}")
+    return ANSWER_INSTRUCTIONS[answer_format]
+
+
+def format_history(history: list[tuple[str, str]], step: int) -> str:
+    """verl-agent's history block: one `[Observation k: '...', Action k: '...']` line per pair, k being
+    the step (1-based) at which the action was taken; `step` is the number of steps taken so far."""
+    first = step - len(history) + 1
+    return "\n".join(
+        f"[Observation {first + i}: '{obs}', Action {first + i}: '{action}']"
+        for i, (obs, action) in enumerate(history)
+    )
+
+
+def select_template(templates: dict[str, T], name: str, env: str) -> T:
+    """The prompt template `name` of an env, or a clear error listing the env's templates."""
+    if name not in templates:
+        raise ValueError(f"unknown prompt template {name!r} for env {env!r}; allowed: {', '.join(templates)}")
+    return templates[name]
 
 
 def format_answer(action: str, answer_format: str = "think_action", thought: str = "") -> str:

@@ -1,0 +1,99 @@
+"""One ALFWorld episode at a time on the real TextWorld engine (runs inside an env-pool worker).
+
+Games are json_2.1.1 `game.tw-pddl` files, loaded as ALFWorld's own batch loader does:
+`textworld.start` with alfworld's AlfredDemangler + AlfredInfos wrappers. alfworld and textworld are
+imported here, lazily, so that importing `envs.alfworld` stays light.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from envs.base import StepOutcome
+
+# alfworld creates $ALFWORLD_DATA (default ~/.cache/alfworld) on import; keep it in the project's cache.
+ALFWORLD_CACHE = Path.home() / ".cache" / "turnopd" / "alfworld"
+GAME_FILE = "game.tw-pddl"
+TASK_PREFIX = "Your task is to: "
+
+
+class GameLoadError(RuntimeError):
+    """A game file that TextWorld cannot load (missing, corrupted or not an ALFWorld game)."""
+
+
+def import_alfworld() -> None:
+    """Point alfworld at the project cache (unless the user chose a folder), then import it."""
+    os.environ.setdefault("ALFWORLD_DATA", str(ALFWORLD_CACHE))
+    import alfworld.agents.environment.alfred_tw_env  # noqa: F401
+
+
+def goal_of(observation: str) -> str:
+    """The goal sentence of ALFWorld's first observation ('Your task is to: put a pen in drawer.')."""
+    start = observation.find(TASK_PREFIX)
+    if start < 0:
+        raise GameLoadError(f"no '{TASK_PREFIX.strip()}' line in the first observation: {observation[:200]!r}")
+    return observation[start + len(TASK_PREFIX):].strip()
+
+
+class AlfworldEnv:
+    """The Env of one worker slot. `game_dirs` are the split folders a task id may live in (task ids
+    are unique across splits). With `facts`, each outcome carries the engine's facts in
+    info["facts"] as (predicate, argument names) pairs: alfworld's handcoded expert reads them."""
+
+    def __init__(self, game_dirs: list[Path], facts: bool = False):
+        self.game_dirs = game_dirs
+        self.facts = facts
+        self._env: Any = None
+        self._admissible: list[str] = []
+
+    def game_file(self, task_id: str) -> Path:
+        for folder in self.game_dirs:
+            path = folder / task_id / GAME_FILE
+            if path.is_file():
+                return path
+        raise GameLoadError(f"no ALFWorld game {task_id!r}: looked for {GAME_FILE} under "
+                            + ", ".join(str(folder) for folder in self.game_dirs))
+
+    def reset(self, task_id: str) -> StepOutcome:
+        import_alfworld()
+        import textworld
+        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+
+        path = self.game_file(task_id)
+        self.close()
+        infos = textworld.EnvInfos(won=True, admissible_commands=True, facts=self.facts, extras=["gamefile"])
+        try:
+            self._env = textworld.start(str(path), request_infos=infos,
+                                        wrappers=[AlfredDemangler(shuffle=False), AlfredInfos])
+            state = self._env.reset()
+        except Exception as exc:  # json, PDDL or grammar errors all mean the same: the game is broken
+            self._env = None
+            raise GameLoadError(f"cannot load ALFWorld game {path}: {type(exc).__name__}: {exc}") from exc
+        outcome = self._outcome(state, reward=0.0, done=False)
+        outcome.info["task"] = goal_of(outcome.observation)
+        return outcome
+
+    def step(self, action: str) -> StepOutcome:
+        if self._env is None:
+            raise RuntimeError("step() before reset()")
+        # ALFWorld answers "Nothing happens." to any command it does not admit; flag those.
+        invalid = action not in self._admissible
+        state, score, done = self._env.step(action)
+        outcome = self._outcome(state, reward=float(score), done=bool(done))
+        outcome.info["invalid"] = invalid
+        return outcome
+
+    def _outcome(self, state: Any, reward: float, done: bool) -> StepOutcome:
+        self._admissible = list(state["admissible_commands"])
+        info: dict[str, Any] = {}
+        if self.facts:
+            info["facts"] = [(fact.name, [arg.name for arg in fact.arguments]) for fact in state["facts"]]
+        return StepOutcome(observation=state.feedback, reward=reward, done=done, won=bool(state["won"]),
+                           admissible=list(self._admissible), info=info)
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None

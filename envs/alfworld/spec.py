@@ -1,0 +1,142 @@
+"""The ALFWorld EnvSpec: splits and task ids, prompt, action parsing and experts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from envs.alfworld.experts import HandcodedExpert, WalkthroughExpert
+from envs.alfworld.game import GAME_FILE, AlfworldEnv
+from envs.base import (
+    Expert,
+    ParsedAction,
+    PromptContext,
+    answer_instruction,
+    extract_action,
+    format_history,
+    select_template,
+)
+from turnopd.data import resolve_data
+
+DATA_SUBDIR = "alfworld/json_2.1.1"
+SPLITS = ("train", "valid_train", "valid_seen", "valid_unseen")
+TASK_TYPES = (
+    "pick_and_place_simple",
+    "look_at_obj_in_light",
+    "pick_clean_then_place_in_recep",
+    "pick_heat_then_place_in_recep",
+    "pick_cool_then_place_in_recep",
+    "pick_two_obj_and_place",
+)
+EXPERTS = ("walkthrough", "handcoded")
+
+
+def render_default(ctx: PromptContext) -> str:
+    """verl-agent's ALFWorld prompt, admissible actions comma-separated ('help' left out, as there)."""
+    actions = ", ".join(f"'{a}'" for a in ctx.admissible or [] if a != "help")
+    lines = [f"You are an expert agent operating in the ALFRED Embodied Environment. Your task is to: {ctx.task}"]
+    if ctx.history:
+        lines += [
+            f"Prior to this step, you have already taken {ctx.step} step(s). Below are the most recent "
+            f"{len(ctx.history)} observations and the corresponding actions you took: "
+            f"{format_history(ctx.history, ctx.step)}",
+            f"You are now at step {ctx.step + 1} and your current observation is: {ctx.observation}",
+        ]
+    else:
+        lines.append(f"Your current observation is: {ctx.observation}")
+    lines += [
+        f"Your admissible actions of the current situation are: [{actions}].",
+        "",
+        "Now it's your turn to take an action.",
+        answer_instruction(ctx.answer_format),
+    ]
+    return "\n".join(lines)
+
+
+TEMPLATES: dict[str, Callable[[PromptContext], str]] = {"default": render_default}
+
+
+class AlfworldSpec:
+    """ALFWorld json_2.1.1 games on the TextWorld engine.
+
+    Task ids are game folders relative to their split folder
+    ('pick_and_place_simple-Book-None-Desk-308/trial_T20190908_...'), sorted. As ALFWorld's own
+    loader, a split leaves out unsolvable games and the 'movable'/'Sliced' task folders.
+    Options: `expert` (walkthrough | handcoded), `expert_seed` (handcoded expert's random choices).
+    """
+
+    name = "alfworld"
+    default_max_turns = 50
+
+    def __init__(self, config: Any, data_dir: str | None = None):
+        self.config = config
+        self.root = resolve_data(DATA_SUBDIR, data_dir)
+        self.render_template = select_template(TEMPLATES, config.template, self.name)
+        unknown = sorted(set(config.task_types) - set(TASK_TYPES))
+        if unknown:
+            raise ValueError(f"unknown ALFWorld task types {unknown}; allowed: {', '.join(TASK_TYPES)}")
+        unknown_options = sorted(set(config.options) - {"expert", "expert_seed"})
+        if unknown_options:
+            raise ValueError(f"unknown alfworld options {unknown_options}; allowed: expert, expert_seed")
+        self.expert_kind = config.options.get("expert", "walkthrough")
+        if self.expert_kind not in EXPERTS:
+            raise ValueError(f"unknown alfworld expert {self.expert_kind!r}; allowed: {', '.join(EXPERTS)}")
+        self._tasks: dict[str, list[str]] = {}
+
+    def splits(self) -> list[str]:
+        return list(SPLITS)
+
+    def split_dir(self, split: str) -> Path:
+        if split not in SPLITS:
+            raise ValueError(f"unknown ALFWorld split {split!r}; allowed: {', '.join(SPLITS)}")
+        return self.root / split
+
+    def tasks(self, split: str) -> list[str]:
+        if split not in self._tasks:
+            self._tasks[split] = self._playable_games(split)
+        selected = [t for t in self._tasks[split] if not self.config.task_types
+                    or self.task_type(t) in self.config.task_types]
+        return selected[: self.config.max_tasks]
+
+    def _playable_games(self, split: str) -> list[str]:
+        folder = self.split_dir(split)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"ALFWorld split folder {folder} is missing (data root {self.root})")
+        out = []
+        for game in sorted(folder.glob(f"*/*/{GAME_FILE}")):
+            task_id = game.parent.relative_to(folder).as_posix()
+            if "movable" in task_id or "Sliced" in task_id or not _solvable(game):
+                continue
+            out.append(task_id)
+        return out
+
+    def task_type(self, task_id: str) -> str:
+        return task_id.split("-", 1)[0]
+
+    def make(self) -> AlfworldEnv:
+        return AlfworldEnv([self.root / split for split in SPLITS], facts=self.expert_kind == "handcoded")
+
+    def expert(self, task_id: str) -> Expert:
+        if self.expert_kind == "handcoded":
+            return HandcodedExpert(task_id, seed=int(self.config.options.get("expert_seed", 0)))
+        game = self.make().game_file(task_id)
+        return WalkthroughExpert(json.loads(game.read_text())["walkthrough"])
+
+    def parse_action(self, text: str) -> ParsedAction:
+        parsed = extract_action(text)
+        # ALFWorld's commands are lower case and the engine does not fold case
+        return ParsedAction(action=parsed.action.lower(), valid=parsed.valid)
+
+    def render_prompt(self, ctx: PromptContext) -> str:
+        return self.render_template(ctx)
+
+
+def _solvable(game: Path) -> bool:
+    """ALFWorld marks games its planner could not solve; a file that is not JSON is left in, so
+    that playing it reports the damage (the env raises GameLoadError)."""
+    try:
+        return bool(json.loads(game.read_text()).get("solvable", True))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return True
