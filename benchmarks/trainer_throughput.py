@@ -1,0 +1,217 @@
+"""Trainer throughput: TurnOPD's DeepSpeed trainer vs TRL's GKDTrainer on the same model and tokens.
+
+    python benchmarks/trainer_throughput.py [--model smollm2-135m|random] [--batch 4]
+        [--prompt-len 192] [--completion-len 64] [--steps 3] [--warmup 1] [--threads 2]
+
+Each trainer trains on the same B sequences of prompt + completion tokens (the completion is the
+student's sampled answer; its tokens carry the loss) for `warmup + steps` optimizer steps, fp32 on
+CPU, lr 1e-6, gradient clip 1.0, torch's fused AdamW (TRL's default), one micro-batch per step.
+Rollout generation is excluded from every trainer: TRL's GKDTrainer runs on-policy (lmbda=1) with
+beta=1 (reverse KL over the full vocabulary), and its `generate_on_policy_outputs` is replaced by
+one returning the given completions, as TurnOPD's trainer gets them from the rollout phase.
+
+    turnopd full   teacher in-process, full-vocabulary reverse KL (the same loss as GKD beta=1);
+                   the step includes the teacher forward, like GKD's
+    turnopd k1     sampled-token reverse KL; teacher log-probs come with the batch (scored in the
+                   teacher phase, not timed here)
+    trl gkd        GKDTrainer.train, steps timed by a callback
+
+Reported: trained tokens/s (all prompt + completion tokens through the student per second of an
+optimizer step after warm-up; median and best step) and MFU = 6 * params * tokens/s over the fp32
+matmul peak measured in the same run (best 2048^3 matmul, before and after; teacher forwards are
+not counted in the 6 * params). Each trainer runs in its own process, one after another, for its
+peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+TRAINERS = ("turnopd-full", "turnopd-k1", "trl-gkd")
+
+
+def matmul_peak_flops(threads: int, size: int = 2048, repeats: int = 5) -> float:
+    """Best observed fp32 FLOP/s of a size^3 matmul (2 * size^3 flops)."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def load_models(model: str) -> tuple[torch.nn.Module, torch.nn.Module, object]:
+    """Student, teacher and tokenizer: SmolLM2-135M-Instruct (student and teacher from the same
+    weights; speed does not depend on them) or a random ~60M Llama with a stand-in tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    if model == "smollm2-135m":
+        from turnopd.models import prepare_model
+
+        path = prepare_model("smollm2-135m")
+        student = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        teacher = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        return student, teacher, AutoTokenizer.from_pretrained(path)
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    config = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                         num_attention_heads=8, num_key_value_heads=4, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    student, teacher = LlamaForCausalLM(config), LlamaForCausalLM(config)
+    vocab = {"<pad>": 0, **{f"t{i}": i for i in range(1, config.vocab_size)}}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="<pad>")),
+                                        pad_token="<pad>")
+    return student, teacher, tokenizer
+
+
+def token_rows(args: argparse.Namespace, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    length = args.prompt_len + args.completion_len
+    return torch.randint(1, vocab, (args.batch, length), generator=g).tolist()
+
+
+def run_turnopd(args: argparse.Namespace, estimator: str) -> tuple[list[float], int]:
+    from turnopd.config import LossConfig, ObjectiveConfig, TrainerConfig
+    from turnopd.trainer import Trainer
+    from turnopd.types import Trajectory, Turn, build_token_batch
+
+    student, teacher, _ = load_models(args.model)
+    params = student.num_parameters()
+    rows = token_rows(args, student.config.vocab_size)
+    trajectories = [Trajectory(task_id=str(i), env_name="bench", turns=[Turn(
+        index=0, observation="", prompt_ids=row[:args.prompt_len], action_ids=row[args.prompt_len:],
+        student_logprobs=[-1.0] * args.completion_len, teacher_logprobs=[-1.5] * args.completion_len)])
+        for i, row in enumerate(rows)]
+    batch = build_token_batch(trajectories)
+    cfg = TrainerConfig(lr=1e-6, grad_clip=1.0, dtype="float32", zero_stage=0,
+                        micro_batch_tokens=args.batch * (args.prompt_len + args.completion_len))
+    trainer = Trainer(student, cfg, ObjectiveConfig(estimator=estimator), LossConfig(mode="token_mean"),
+                      total_steps=args.warmup + args.steps, teacher_model=teacher if estimator == "full" else None)
+    times = []
+    for _ in range(args.warmup + args.steps):
+        start = time.perf_counter()
+        metrics = trainer.step(batch, alpha=0.0)
+        times.append(time.perf_counter() - start)
+        assert metrics["num_micro_batches"] == 1 and not metrics["skipped"]
+    return times[args.warmup:], params
+
+
+def run_trl_gkd(args: argparse.Namespace) -> tuple[list[float], int]:
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl.experimental.gkd import GKDConfig, GKDTrainer
+
+    student, teacher, tokenizer = load_models(args.model)
+    params = student.num_parameters()
+    rows = token_rows(args, student.config.vocab_size)
+    p = args.prompt_len
+
+    def collate(examples: list[dict]) -> dict[str, torch.Tensor]:
+        ids = torch.tensor([e["input_ids"] for e in examples])
+        labels = ids.clone()
+        labels[:, :p] = -100  # the loss is on the completion
+        ones = torch.ones_like(ids)
+        return {"input_ids": ids, "attention_mask": ones, "labels": labels, "prompts": ids[:, :p],
+                "prompt_attention_mask": ones[:, :p]}
+
+    # On-policy (lmbda=1) with the rollout already done: the "generated" sequences are the batch's.
+    GKDTrainer.generate_on_policy_outputs = staticmethod(
+        lambda model, inputs, generation_config: (inputs["input_ids"], inputs["attention_mask"], inputs["labels"]))
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def on_step_begin(self, *_, **__) -> None:
+            self.start = time.perf_counter()
+
+        def on_step_end(self, *_, **__) -> None:
+            self.times.append(time.perf_counter() - self.start)
+
+    timer = StepTimer()
+    steps = args.warmup + args.steps
+    with tempfile.TemporaryDirectory() as out:
+        config = GKDConfig(output_dir=out, lmbda=1.0, beta=1.0, temperature=1.0, max_new_tokens=args.completion_len,
+                           per_device_train_batch_size=args.batch, gradient_accumulation_steps=1, max_steps=steps,
+                           learning_rate=1e-6, lr_scheduler_type="constant", max_grad_norm=1.0, optim="adamw_torch_fused",
+                           use_cpu=True, bf16=False, fp16=False, report_to=[], save_strategy="no", logging_steps=10**6,
+                           dataloader_num_workers=0, max_length=None, seed=0)
+        trainer = GKDTrainer(model=student, teacher_model=teacher, args=config, processing_class=tokenizer,
+                             data_collator=collate, train_dataset=Dataset.from_list([{"input_ids": r} for r in rows] * steps),
+                             callbacks=[timer])
+        trainer.train()
+    return timer.times[args.warmup:], params
+
+
+def worker(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
+    times, params = run_trl_gkd(args) if args.worker == "trl-gkd" else run_turnopd(args, args.worker.split("-")[1])
+    print(json.dumps({"times": times, "params": params,
+                      "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="smollm2-135m", choices=("smollm2-135m", "random"))
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--prompt-len", type=int, default=192)
+    parser.add_argument("--completion-len", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--worker", choices=TRAINERS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+
+    peak = matmul_peak_flops(args.threads)
+    results = {}
+    for name in TRAINERS:
+        cmd = [sys.executable, __file__, "--worker", name, *sys.argv[1:]]
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{name} failed:\n{done.stderr[-4000:]}")
+        results[name] = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"{name}: step times {[round(t, 2) for t in results[name]['times']]} s", file=sys.stderr)
+    peak = max(peak, matmul_peak_flops(args.threads))
+
+    params = results["turnopd-k1"]["params"]
+    tokens = args.batch * (args.prompt_len + args.completion_len)
+    print(f"\nModel {args.model} ({params / 1e6:.1f}M params), batch {args.batch} x ({args.prompt_len} prompt + "
+          f"{args.completion_len} completion) tokens, fp32, {args.threads} threads, {args.steps} timed steps "
+          f"after {args.warmup} warm-up; fp32 matmul peak {peak / 1e9:.0f} GFLOP/s (2048^3, same run)\n")
+    print("| trainer | loss | tokens/s (median step) | tokens/s (best step) | MFU (best) | vs TRL GKD "
+          "(median / best) | peak RSS |")
+    print("|---|---|---|---|---|---|---|")
+    losses = {"turnopd-full": "full-vocab reverse KL (teacher in step)", "turnopd-k1": "sampled-token k1",
+              "trl-gkd": "full-vocab reverse KL (GKD beta=1, teacher in step)"}
+    # On a shared machine contention only slows a step: the best step is the steadiest figure (as
+    # the best matmul is for the peak); the median shows the typical one.
+    rates = {name: (tokens / statistics.median(r["times"]), tokens / min(r["times"])) for name, r in results.items()}
+    gkd_median, gkd_best = rates["trl-gkd"]
+    for name, (median, best) in rates.items():
+        print(f"| {name} | {losses[name]} | {median:.0f} | {best:.0f} | {100 * 6 * params * best / peak:.1f}% | "
+              f"{median / gkd_median:.2f}x / {best / gkd_best:.2f}x | {results[name]['peak_rss_gb']:.2f} GB |")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""DeepSpeed set-up: the process group (also with no launcher) and the engine configuration."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from turnopd.config import TrainerConfig
+
+# The shared-memory comm op compiles on first use (about a minute): keep it in one cached folder.
+TORCH_EXTENSIONS_DIR = Path.home() / ".cache" / "turnopd" / "torch_extensions"
+
+# Keys TurnOPD owns. The optimizer is a torch AdamW instance (an optimizer in the config would
+# JIT-compile fused_adam for minutes), the schedule is TurnOPD's, and micro-batches are packed by
+# token count with one optimizer step per call (so no fixed batch sizes or accumulation steps).
+OWNED_KEYS = {
+    "optimizer": "trainer.lr / weight_decay / betas",
+    "scheduler": "trainer.lr_schedule / lr_warmup_steps",
+    "train_batch_size": "trainer.micro_batch_tokens",
+    "train_micro_batch_size_per_gpu": "trainer.micro_batch_tokens",
+    "gradient_accumulation_steps": "trainer.micro_batch_tokens",
+    "gradient_clipping": "trainer.grad_clip",
+    "fp16": "trainer.dtype (float32 or bfloat16)",
+    "bf16": "trainer.dtype",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_process_group() -> None:
+    """Join (or create) the process group DeepSpeed uses: gloo on CPU, the accelerator's backend
+    (nccl) on GPU. Without a launcher this process becomes rank 0 of 1 (DeepSpeed would otherwise
+    try MPI discovery and fail)."""
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(TORCH_EXTENSIONS_DIR))
+    if "WORLD_SIZE" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(_free_port()))
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    backend = "gloo" if accelerator.device_name() == "cpu" else accelerator.communication_backend_name()
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    """`auto`: bf16 on a GPU that supports it, fp32 otherwise."""
+    if name == "auto":
+        on_bf16_gpu = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if on_bf16_gpu else torch.float32
+    if name in ("float32", "bfloat16"):
+        return getattr(torch, name)
+    raise ValueError(f"trainer.dtype must be auto, float32 or bfloat16, got {name!r}")
+
+
+def load_overrides(value: Any) -> dict[str, Any]:
+    """trainer.deepspeed: None, a mapping, or the path of a DeepSpeed JSON file."""
+    if value is None:
+        return {}
+    if isinstance(value, (str, os.PathLike)):
+        path = Path(value)
+        if not path.is_file():
+            raise FileNotFoundError(f"trainer.deepspeed: DeepSpeed config file not found: {path}")
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    if not isinstance(value, Mapping):
+        raise TypeError(f"trainer.deepspeed must be a mapping or a JSON path, got {type(value).__name__}")
+    return json.loads(json.dumps(value))  # plain nested dicts (also from an OmegaConf mapping)
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), dict) \
+            else value
+    return out
+
+
+def deepspeed_config(cfg: TrainerConfig, dtype: torch.dtype) -> dict[str, Any]:
+    """The engine config: ZeRO stage, precision, clipping, one micro-batch per backward; the
+    trainer.deepspeed block is merged over it (any key but the ones TurnOPD owns)."""
+    overrides = load_overrides(cfg.deepspeed)
+    owned = sorted(set(overrides) & set(OWNED_KEYS))
+    if owned:
+        raise ValueError("trainer.deepspeed must not set " + "; ".join(
+            f"'{key}' (use {OWNED_KEYS[key]})" for key in owned))
+    stage = overrides.get("zero_optimization", {}).get("stage", cfg.zero_stage)
+    if stage != cfg.zero_stage:
+        raise ValueError(f"trainer.zero_stage={cfg.zero_stage} but trainer.deepspeed sets "
+                         f"zero_optimization.stage={stage}; set trainer.zero_stage only")
+    bf16 = dtype == torch.bfloat16
+    base: dict[str, Any] = {
+        # One sample per backward and no DeepSpeed-side accumulation: the trainer marks the
+        # accumulation boundary itself, since the number of micro-batches varies per step.
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": {"stage": cfg.zero_stage},
+        # bf16 keeps fp32 master weights; check_grad_overflow makes the bf16 optimizers skip a step
+        # whose gradient norm is not finite (the NaN guard).
+        "bf16": {"enabled": bf16, "check_grad_overflow": True},
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+    if bf16 and cfg.zero_stage > 0:  # ZeRO accumulates bf16 gradients in fp32 (stage 0 cannot)
+        base["data_types"] = {"grad_accum_dtype": "fp32"}
+    return _merge(base, overrides)
