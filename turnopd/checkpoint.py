@@ -2,7 +2,7 @@
 renamed, so a crash never leaves a half-written checkpoint that looks complete.
 
 A checkpoint holds the trainer's files (student in Hugging Face format, optimizer, scheduler; see
-turnopd.trainer.Trainer.save), `loop_state.json` (step, training/wall clocks, depth-controller state)
+turnopd.trainer.Trainer.save), the tokenizer, `loop_state.json` (step, training/wall clocks, depth-controller state)
 and `rng_<rank>.pt` (Python, NumPy and torch RNG states of each rank).
 """
 
@@ -45,7 +45,8 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def save_checkpoint(run_dir: Path, step: int, trainer, loop_state: dict[str, Any], keep_last: int) -> Path:
+def save_checkpoint(run_dir: Path, step: int, trainer, tokenizer, loop_state: dict[str, Any],
+                    keep_last: int) -> Path:
     """Write checkpoint `step` atomically and delete all but the newest `keep_last`. Called on every
     rank (ZeRO partitions are saved by their owners); rank 0 writes the loop state and renames."""
     rank, _ = rank_and_world()
@@ -60,6 +61,7 @@ def save_checkpoint(run_dir: Path, step: int, trainer, loop_state: dict[str, Any
     torch.save(rng_state(), tmp / f"rng_{rank}.pt")
     _barrier()
     if rank == 0:
+        tokenizer.save_pretrained(tmp)  # the student folder loads with from_pretrained on its own
         with open(tmp / LOOP_STATE, "w", encoding="utf-8") as f:
             json.dump({**loop_state, "step": step}, f, indent=1)
             f.flush()

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Each module defines register(subparsers) which adds its parser and sets `func(args) -> int`.
 COMMAND_MODULES = [
     "turnopd.commands.recipe",  # distill, show
+    "turnopd.commands.data",  # data status, data fetch
+    "turnopd.commands.env",  # env list | play | expert
     "turnopd.commands.frontier",  # frontier, sweep
+    "turnopd.commands.teacher",  # teacher serve
+    "turnopd.commands.model",  # model prepare
+    "turnopd.commands.sft",  # sft
 ]
 
 
@@ -25,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Our own progress bars say what is happening; silence the per-file ones of model loading.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # argparse leaves KEY=VALUE overrides that follow an option (`sweep R --seeds 3 a=1`) unparsed

@@ -12,6 +12,8 @@ already scored: discarding them would waste their cost); the next steps use the 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import random
 import sys
 from dataclasses import dataclass
@@ -187,7 +189,7 @@ def run_distillation(cfg: RunConfig, resume: str | None = None, dry_run: bool = 
         check_tokenizers(tokenizer, teacher.tokenizer, str(setup.student_path), setup.teacher_specs[env].name)
     teacher_module = teachers[cfg.env.name].model if cfg.objective.estimator == "full" else None
     trainer = Trainer(student, cfg.trainer, cfg.objective, cfg.loss, cfg.trainer.steps, teacher_model=teacher_module)
-    policy = POLICY_BACKENDS.get(cfg.policy.backend)(trainer.module, tokenizer, cfg.policy)
+    policy = POLICY_BACKENDS.get(cfg.policy.backend)(trainer.module, cfg.policy, tokenizer=tokenizer, seed=cfg.seed)
     depth = make_depth_schedule(cfg.depth.mode, **{k: v for k, v in dataclasses.asdict(cfg.depth).items()
                                                    if k not in ("mode", "num_probes")})
 
@@ -195,7 +197,8 @@ def run_distillation(cfg: RunConfig, resume: str | None = None, dry_run: bool = 
     if resume_from is not None:
         state = ckpt.load_loop_state(resume_from)
         trainer.load(resume_from)
-        policy.update_weights(trainer.module)
+        with trainer.gathered_parameters() as student_weights:
+            policy.update_weights(student_weights)
         depth.load_state_dict(state["depth"])
         ckpt.load_rng(resume_from)
         start_step = state["step"]
@@ -219,26 +222,28 @@ def run_distillation(cfg: RunConfig, resume: str | None = None, dry_run: bool = 
 
             tb = SummaryWriter(str(run_dir / "tensorboard"))
 
-    def log_eval(result: EvalResult, step: int) -> None:
+    def log_eval(result: EvalResult, step: int, kind: str = "eval") -> None:
         if writer is not None:
-            writer.write({"kind": "eval", "step": step, "train_time_s": ledger.train_time(),
+            writer.write({"kind": kind, "step": step, "train_time_s": ledger.train_time(),
                           "eval_time_s": ledger.step_phases.get("eval", 0.0), **result.record()})
         if tb is not None:
-            tb.add_scalar(f"eval/avg_at_{result.k}", result.avg_at_k, step)
+            tb.add_scalar(f"{kind}/avg_at_{result.k}", result.avg_at_k, step)
 
     teacher_eval = None
     summary: dict[str, Any] = {"run_dir": str(run_dir), "start_step": start_step}
     with EnvPool(setup.spec, cfg.env.num_workers, cfg.env.step_timeout_s) as pool:
+        if start_step == 0 and cfg.eval.teacher:
+            with ledger.phase("eval"):
+                teacher_eval = evaluate_teacher(cfg, setup, setup.teacher_specs[cfg.env.name], pool)
+            log_eval(teacher_eval, 0, kind="teacher_eval")
+            ledger.end_step()
         if start_step == 0 and cfg.eval.at_start:
             with ledger.phase("eval"):
                 summary["eval_before"] = run_eval(cfg, setup, pool, policy, 0, ledger)
-                if cfg.eval.teacher:
-                    teacher_eval = evaluate_teacher(cfg, setup, teachers[cfg.env.name], tokenizer, pool)
             log_eval(summary["eval_before"], 0)
             ledger.end_step()
 
         progress = StepProgress(cfg.trainer.steps, start_step, enabled=is_main)
-        bad_steps = 0
         for step in range(start_step, cfg.trainer.steps):
             probed = depth.should_probe(step)
             if probed:
@@ -258,10 +263,9 @@ def run_distillation(cfg: RunConfig, resume: str | None = None, dry_run: bool = 
             alpha = loss_alpha(step, cfg.trainer.steps, cfg.loss.alpha_start, cfg.loss.alpha_end,
                                cfg.loss.alpha_schedule) if cfg.loss.mode == "progressive" else 0.0
             with ledger.phase("train"):
-                train = trainer.step(build_token_batch(trajectories), alpha)
-            bad_steps = bad_steps + 1 if train["skipped"] else 0
-            with ledger.phase("weight_sync"):
-                policy.update_weights(trainer.module)
+                train = trainer.step(build_token_batch(trajectories), alpha)  # raises TrainingDiverged
+            with ledger.phase("weight_sync"), trainer.gathered_parameters() as student_weights:
+                policy.update_weights(student_weights)
 
             done = step + 1
             episodes = [e for part in gather_objects([EpisodeSummary.of(t) for t in trajectories]) for e in part]
@@ -285,10 +289,9 @@ def run_distillation(cfg: RunConfig, resume: str | None = None, dry_run: bool = 
                 log_eval(summary["eval_after"], done)
             if (cfg.checkpoint.every and done % cfg.checkpoint.every == 0) or done == cfg.trainer.steps:
                 with ledger.phase("checkpoint"):
-                    if is_main:
-                        ckpt.save_checkpoint(run_dir, done, trainer, {
-                            "train_time_s": ledger.train_time(), "wall_time_s": ledger.wall_time(),
-                            "depth": depth.state_dict()}, cfg.checkpoint.keep_last)
+                    ckpt.save_checkpoint(run_dir, done, trainer, tokenizer, {
+                        "train_time_s": ledger.train_time(), "wall_time_s": ledger.wall_time(),
+                        "depth": depth.state_dict()}, cfg.checkpoint.keep_last)
             ledger.end_step()  # eval and checkpoint time are in the record's clocks, not its phases
         progress.close()
 
@@ -302,11 +305,27 @@ def run_distillation(cfg: RunConfig, resume: str | None = None, dry_run: bool = 
     return summary
 
 
-def evaluate_teacher(cfg: RunConfig, setup: Setup, teacher, tokenizer, pool: EnvPool) -> EvalResult:
-    """The teacher's Avg@k on the same held-out tasks: the ceiling the student distills toward."""
-    policy = POLICY_BACKENDS.get(cfg.policy.backend)(teacher.model, tokenizer, cfg.policy)
-    return evaluate(setup.spec, pool, policy, setup.eval_tasks, split=setup.eval_split, env_config=cfg.env,
-                    policy_config=cfg.policy, k=cfg.eval.k, temperature=cfg.eval.temperature, seed=cfg.seed)
+EVAL_CACHE = Path.home() / ".cache" / "turnopd" / "evals"
+
+
+def evaluate_teacher(cfg: RunConfig, setup: Setup, spec, pool: EnvPool) -> EvalResult:
+    """The teacher's Avg@k on the same held-out tasks: the ceiling the student distills toward.
+    Cached per (teacher weights, tasks, env and generation settings), so later runs skip it."""
+    weights = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(spec.model).glob("*.safetensors"))
+    key = json.dumps([spec.model, weights, setup.eval_tasks, dataclasses.asdict(cfg.env),
+                      dataclasses.asdict(cfg.policy), cfg.eval.k, cfg.eval.temperature, cfg.seed], sort_keys=True)
+    cache = EVAL_CACHE / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+    if cache.is_file():
+        return EvalResult(**json.loads(cache.read_text()))
+    policy = POLICY_BACKENDS.get(cfg.policy.backend)(spec.model, cfg.policy, dtype=spec.dtype, seed=cfg.seed)
+    try:
+        result = evaluate(setup.spec, pool, policy, setup.eval_tasks, split=setup.eval_split, env_config=cfg.env,
+                          policy_config=cfg.policy, k=cfg.eval.k, temperature=cfg.eval.temperature, seed=cfg.seed)
+    finally:
+        policy.close()
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(result.record()))
+    return result
 
 
 if __name__ == "__main__":  # pragma: no cover

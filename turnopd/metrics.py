@@ -8,7 +8,8 @@ Record kinds (field "kind"):
   step), probed (bool), alpha, loss, mean_kl, turn_kl_profile [per turn], deep_turn_share,
   tokens_generated, tokens_trained, mean_turns, success_rate, invalid_action_rate, skipped (bool).
 - "eval": step (optimizer steps done when evaluated), train_time_s (training clock then), split,
-  k, avg_at_k (0..1), per_type {task type: avg}, num_tasks, eval_time_s.
+  k, avg_at_k (0..1), per_type {task type: avg}, num_tasks, mean_turns, eval_time_s.
+- "teacher_eval": the same fields for the teacher on the same tasks (the ceiling), at step 0.
 """
 
 from __future__ import annotations

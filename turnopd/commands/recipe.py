@@ -44,6 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("distill", help="run on-policy distillation from a recipe")
     _add_recipe_args(p)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
     p.add_argument("--dry-run", action="store_true",
                    help="validate the recipe, data, models and tokenizers, then stop before training")
     p.set_defaults(func=distill)

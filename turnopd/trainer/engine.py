@@ -42,6 +42,8 @@ def init_process_group() -> None:
     (nccl) on GPU. Without a launcher this process becomes rank 0 of 1 (DeepSpeed would otherwise
     try MPI discovery and fail)."""
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(TORCH_EXTENSIONS_DIR))
+    if not torch.cuda.is_available():  # say it, instead of DeepSpeed's probe warning on every start
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if "WORLD_SIZE" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(_free_port()))

@@ -103,6 +103,7 @@ class Trainer:
 
     def __init__(self, model: nn.Module, trainer_cfg: TrainerConfig, objective_cfg: ObjectiveConfig,
                  loss_cfg: LossConfig, total_steps: int, teacher_model: nn.Module | None = None):
+        init_process_group()  # before importing deepspeed: it picks the accelerator on import
         import deepspeed
 
         self.cfg, self.objective, self.loss_cfg = trainer_cfg, objective_cfg, loss_cfg
@@ -120,7 +121,6 @@ class Trainer:
         dtype = resolve_dtype(trainer_cfg.dtype)
         config = deepspeed_config(trainer_cfg, dtype)
 
-        init_process_group()
         if trainer_cfg.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()

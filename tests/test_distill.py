@@ -1,0 +1,132 @@
+"""The distillation loop end to end on real ALFWorld games with tiny models: records, checkpoints,
+kill -9 and resume, and the checks that run before any heavy work."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from turnopd.config import RecipeError, load_recipe
+from turnopd.distill import check_resume_config, run_distillation, sample_tasks
+from turnopd.metrics import read_metrics
+
+RECIPE = """
+name: loop
+output_dir: {root}/runs
+student: {{path: {root}/student}}
+teachers: {{alfworld: {root}/teacher.yaml}}
+env: {{name: alfworld, max_turns: 3, answer_format: action, history_length: 1, num_workers: 1, max_tasks: 6,
+       eval_split: valid_seen}}
+policy: {{max_new_tokens: 6}}
+depth: {{h_max: 3, warmup_steps: 1, probe_every: 2, num_probes: 2, min_successes: 1}}
+trainer: {{steps: 4, episodes_per_step: 2, lr: 1.0e-3}}
+eval: {{max_tasks: 1}}
+checkpoint: {{every: 1, keep_last: 5}}
+tensorboard: false
+"""
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, tiny_model_dir):
+    """A teacher (the session's tiny model) and a differently-initialized student sharing its tokenizer."""
+    from turnopd.models.tiny import build_tiny_model
+
+    root = tmp_path_factory.mktemp("loop")
+    build_tiny_model(root / "student", tokenizer=tiny_model_dir, hidden_size=64, num_layers=2, num_heads=2,
+                     max_position_embeddings=1024, seed=7)
+    (root / "teacher.yaml").write_text(f"name: tiny-teacher\nmodel: {tiny_model_dir}\nbackend: transformers\n"
+                                       "dtype: float32\nmax_length: 1024\n")
+    (root / "recipe.yaml").write_text(RECIPE.format(root=root))
+    return root
+
+
+def test_sample_tasks_is_a_pure_function_of_seed_step_and_salt():
+    tasks = [f"t{i}" for i in range(10)]
+    a = sample_tasks(tasks, 4, seed=1, step=3, salt=0)
+    assert a == sample_tasks(tasks, 4, seed=1, step=3, salt=0)
+    assert len(set(a)) == 4  # without replacement while the split is large enough
+    assert a != sample_tasks(tasks, 4, seed=1, step=4, salt=0)
+    assert len(sample_tasks(tasks, 25, seed=1, step=0, salt=0)) == 25  # with replacement past the split
+
+
+def test_checks_before_heavy_work(models, tmp_path):
+    recipe = models / "recipe.yaml"
+    with pytest.raises(RecipeError, match="'student.path'.*does not exist and 'student.prepare' is not set"):
+        run_distillation(load_recipe(recipe, [f"student.path={tmp_path}/nope"]))
+    with pytest.raises(RecipeError, match="split 'train' has 0 tasks and 'valid_seen' has 0 after"):
+        run_distillation(load_recipe(recipe, ["env.max_tasks=0"]))
+    with pytest.raises(ValueError, match=r"unknown ALFWorld task types \['no_such_type'\]; allowed: pick_and"):
+        run_distillation(load_recipe(recipe, ["env.task_types=[no_such_type]"]))
+    assert run_distillation(load_recipe(recipe), dry_run=True) == {"dry_run": True}
+
+
+def test_resume_refuses_a_different_recipe(models, tmp_path):
+    cfg = load_recipe(models / "recipe.yaml")
+    from turnopd.config import to_yaml
+
+    (tmp_path / "config.yaml").write_text(to_yaml(cfg))
+    check_resume_config(tmp_path, cfg)
+    with pytest.raises(RecipeError, match=r"differs from the run's config.yaml in \['trainer'\]"):
+        check_resume_config(tmp_path, load_recipe(models / "recipe.yaml", ["trainer.lr=0.5"]))
+
+
+def _distill(models: Path, *args: str, **popen) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "turnopd.cli", "distill", str(models / "recipe.yaml"), *args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def _train_records(run_dir: Path) -> list[dict]:
+    return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+
+
+@pytest.mark.slow
+def test_run_records_then_kill_and_resume_continue_exactly(models):
+    # Run A: uninterrupted. Run B: SIGKILL while step 3 runs (after checkpoint 2), then --resume.
+    a = _distill(models, "name=uninterrupted")
+    out_a, _ = a.communicate(timeout=900)
+    assert a.returncode == 0, out_a
+    run_a = models / "runs" / "uninterrupted"
+    records = read_metrics(run_a / "metrics.jsonl")
+    kinds = [r["kind"] for r in records]
+    assert kinds == ["start", "eval", "train", "train", "train", "train", "eval"]
+    train = _train_records(run_a)
+    assert [r["step"] for r in train] == [1, 2, 3, 4]
+    assert [r["probed"] for r in train] == [False, True, False, True]  # warm-up 1, then every 2
+    assert [r["alpha"] for r in train] == [0.0, 0.25, 0.5, 0.75]  # linear k/K
+    assert all(r["rollout_depth_cap"] <= 3 and r["episodes"] == 2 for r in train)
+    clocks = [r["train_time_s"] for r in train]
+    assert clocks == sorted(clocks) and all(r["wall_time_s"] >= r["train_time_s"] for r in train)
+    assert "held-out success" in out_a and "student after" in out_a
+    assert sorted(p.name for p in (run_a / "checkpoints").iterdir()) == [f"step_{k:06d}" for k in (1, 2, 3, 4)]
+    assert json.loads((run_a / "checkpoints" / "step_000004" / "loop_state.json").read_text())["step"] == 4
+
+    b = _distill(models, "name=killed", start_new_session=True)
+    ckpt2 = models / "runs" / "killed" / "checkpoints" / "step_000002"
+    deadline = time.time() + 900
+    while not ckpt2.exists():
+        assert b.poll() is None and time.time() < deadline, "run ended before its second checkpoint"
+        time.sleep(0.2)
+    os.killpg(b.pid, signal.SIGKILL)
+    b.wait()
+    run_b = models / "runs" / "killed"
+    assert [r["step"] for r in _train_records(run_b)][:2] == [1, 2]
+
+    resumed = _distill(models, "name=killed", "--resume", str(run_b))
+    out_b, _ = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, out_b
+    assert "resuming" in out_b and "from step 2" in out_b
+    train_b = _train_records(run_b)
+    assert [r["step"] for r in train_b] == [1, 2, 3, 4]  # no duplicate, no lost step
+    # Same tasks, seeds, weights, optimizer and controller state: the resumed steps equal run A's.
+    for ra, rb in zip(train, train_b, strict=True):
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5, abs=1e-7)
+        assert rb["tokens_generated"] == ra["tokens_generated"]
+        assert rb["rollout_depth_cap"] == ra["rollout_depth_cap"]
+    # the training clock continues from the checkpoint instead of restarting at zero
+    assert train_b[2]["train_time_s"] > train_b[1]["train_time_s"]
