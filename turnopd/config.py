@@ -149,6 +149,7 @@ class EvalConfig:
     temperature: float = field(default=1.0, metadata=_range(0.0))  # sampling temperature for k > 1
     max_tasks: int | None = None  # evaluate the first N tasks of the split, None: all
     at_start: bool = True
+    teacher: bool = False  # also evaluate the teacher on the same tasks at the start (the ceiling)
 
 
 @dataclass

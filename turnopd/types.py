@@ -182,3 +182,22 @@ def build_token_batch(trajectories: list[Trajectory]) -> TokenBatch:
         teacher_topk_ids=topk_ids,
         teacher_topk_logprobs=topk_lp,
     )
+
+
+@dataclass(frozen=True)
+class EpisodeSummary:
+    """The outcome of a trajectory without its tokens (cheap to gather across ranks)."""
+
+    task_id: str
+    task_type: str
+    success: bool
+    depth: int
+    truncated: bool
+    invalid_actions: int
+    action_tokens: int
+    failed_by_env: bool
+
+    @classmethod
+    def of(cls, traj: Trajectory) -> EpisodeSummary:
+        return cls(traj.task_id, traj.task_type, traj.success, traj.depth, traj.truncated,
+                   traj.invalid_actions, traj.num_action_tokens, traj.failed_by_env)
