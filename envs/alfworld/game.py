@@ -7,6 +7,7 @@ imported here, lazily, so that importing `envs.alfworld` stays light.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,19 @@ def import_alfworld() -> None:
     """Point alfworld at the project cache (unless the user chose a folder), then import it."""
     os.environ.setdefault("ALFWORLD_DATA", str(ALFWORLD_CACHE))
     import alfworld.agents.environment.alfred_tw_env  # noqa: F401
+
+    _memoize_pddl_translation()
+
+
+def _memoize_pddl_translation() -> None:
+    """TextWorld translates a game's PDDL to SAS four times per episode start (twice on load, twice
+    again on reset; ~1 s each) although the translation is a pure function of (domain, problem,
+    optimize). Cache it in this worker: an episode start then translates twice, and a replay of
+    the same game not at all. The cached task is only read by TextWorld's PddlState."""
+    import fast_downward
+
+    if not hasattr(fast_downward.pddl2sas, "cache_info"):
+        fast_downward.pddl2sas = functools.lru_cache(maxsize=64)(fast_downward.pddl2sas)
 
 
 def goal_of(observation: str) -> str:
