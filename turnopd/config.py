@@ -160,8 +160,15 @@ class CheckpointConfig:
 
 @dataclass
 class PipelineConfig:
+    """Where a step's trajectories come from (turnopd.pipeline): played in the training process
+    (sync), or by a generator process overlapping training (one_step_off, pool)."""
+
     mode: str = field(default="sync", metadata=_choices("sync", "one_step_off", "pool"))
+    # pool: the most weight versions (optimizer steps) a trained trajectory may lag the trainer
     max_staleness: int = field(default=1, metadata=_range(0))
+    # pool: episodes per wave (None: a step's); one that divides a step's keeps waves in line with steps
+    wave_episodes: int | None = field(default=None, metadata=_range(1))
+    max_generator_restarts: int = field(default=2, metadata=_range(0))  # then a dead generator ends the run
 
 
 @dataclass
@@ -254,6 +261,9 @@ def _check_consistency(cfg: RunConfig) -> None:
                           f"{cfg.loss.alpha_end}: need alpha_end > alpha_start")
     if cfg.objective.kind == "jsd" and not 0.0 < cfg.objective.jsd_beta < 1.0:
         raise RecipeError(f"recipe key 'objective.jsd_beta': {cfg.objective.jsd_beta}; kind=jsd needs 0 < beta < 1")
+    if cfg.pipeline.mode != "sync" and cfg.objective.estimator == "k1" and cfg.objective.clip_eps is None:
+        raise RecipeError(f"recipe key 'objective.clip_eps': None; pipeline.mode={cfg.pipeline.mode} trains on "
+                          "tokens sampled by older weights, so the k1 importance ratio needs a clip (e.g. 0.2)")
     if cfg.env.name not in cfg.teachers:
         raise RecipeError(f"recipe key 'teachers': no teacher for env {cfg.env.name!r}; "
                           f"set teachers.{cfg.env.name}=<path to teacher.yaml>")

@@ -7,6 +7,10 @@ Per optimizer step k of K:
 
 On a probe step the probes are that step's training batch (they are full-depth, on-policy and
 already scored: discarding them would waste their cost); the next steps use the updated cap.
+
+The step's scored trajectories come from a rollout source (turnopd.pipeline, `pipeline.mode`):
+played here (sync), or by a generator process that overlaps generation with training
+(one_step_off, pool).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from omegaconf import OmegaConf
 from envs import make_env_spec
 from envs.base import EnvSpec
 from envs.pool import EnvPool
-from teachers import check_tokenizers, load_teacher_spec, make_teacher, score_trajectories
+from teachers import check_tokenizers, load_teacher_spec, make_teacher
 from turnopd import checkpoint as ckpt
 from turnopd.budget import DepthSchedule, loss_alpha, make_depth_schedule
 from turnopd.config import ModelConfig, RecipeError, RunConfig, to_yaml
@@ -38,11 +42,14 @@ from turnopd.methods import method_of
 from turnopd.metrics import MetricsWriter, truncate_after_step
 from turnopd.models import prepare_model
 from turnopd.objective import turn_kl_profile
+from turnopd.pipeline import PipelineStats, open_rollouts, plan_batch
+from turnopd.pipeline import (
+    sample_tasks as sample_tasks,  # re-exported: a step's tasks were drawn here before the pipeline
+)
 from turnopd.progress import StepProgress, print_summary
-from turnopd.rollout import POLICY_BACKENDS, Policy, SamplingParams
-from turnopd.rollout.engine import rollout
+from turnopd.rollout import POLICY_BACKENDS, Policy
 from turnopd.trainer import Trainer
-from turnopd.types import EpisodeSummary, Trajectory, build_token_batch
+from turnopd.types import EpisodeSummary, build_token_batch
 
 
 @dataclass
@@ -86,13 +93,6 @@ def load_student(model_cfg: ModelConfig, path: Path):
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype), AutoTokenizer.from_pretrained(path)
 
 
-def sample_tasks(tasks: list[str], n: int, seed: int, step: int, salt: int) -> list[str]:
-    """n training tasks for a step, a pure function of (seed, step, salt) so a resumed run draws
-    the same tasks as an uninterrupted one (with replacement only when n exceeds the split)."""
-    rng = np.random.default_rng([seed, step, salt])
-    return [tasks[i] for i in rng.choice(len(tasks), size=n, replace=n > len(tasks))]
-
-
 def new_run_dir(cfg: RunConfig) -> Path:
     """runs/<name>, or runs/<name>-2, -3, ... when a run of that name exists (use --resume to continue it)."""
     base = Path(cfg.output_dir) / cfg.name
@@ -117,22 +117,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def step_sampling(cfg: RunConfig, step: int) -> SamplingParams:
-    p = cfg.policy
-    return SamplingParams(temperature=p.temperature, top_p=p.top_p, max_new_tokens=p.max_new_tokens,
-                          stop=tuple(p.stop), n=1, seed=cfg.seed * 1_000_003 + step)
-
-
-def play(cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Policy, step: int, *, cap: int, probe: bool,
-         ledger: Ledger) -> list[Trajectory]:
-    """This rank's share of the step's episodes (probes or training rollouts)."""
-    rank, world = rank_and_world()
-    n = cfg.depth.num_probes if probe else cfg.trainer.episodes_per_step
-    tasks = sample_tasks(setup.train_tasks, n, cfg.seed, step, salt=int(probe))[rank::world]
-    return rollout(setup.spec, pool, policy, tasks, env_config=cfg.env, sampling=step_sampling(cfg, step),
-                   cap=cap, is_probe=probe, ledger=ledger)
-
-
 def run_eval(cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Policy, step: int, ledger: Ledger) -> EvalResult:
     """Avg@k on this rank's share of the eval tasks, combined over ranks."""
     rank, world = rank_and_world()
@@ -147,12 +131,13 @@ def run_eval(cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Policy, step: 
 
 def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: DepthSchedule, cap: int,
                 probed: bool, alpha: float, train: dict[str, Any], episodes: list[EpisodeSummary],
-                tokens_generated: int) -> dict[str, Any]:
+                tokens_generated: int, pipeline: PipelineStats) -> dict[str, Any]:
     last = getattr(depth, "last", {}) if probed else {}
     turns = sum(e.depth for e in episodes)
     return {
         "kind": "train", "step": step, "train_time_s": ledger.train_time(), "wall_time_s": ledger.wall_time(),
-        "phases": phases, "rollout_depth_cap": cap, "probed": probed,
+        "phases": phases, "step_time_s": ledger.last_step_time_s, "generator_phases": ledger.last_generator_phases,
+        "pipeline": dataclasses.asdict(pipeline), "rollout_depth_cap": cap, "probed": probed,
         "h_eff": last.get("h_eff"), "h_cov": last.get("h_cov"), "alpha": alpha,
         "loss": train["loss"], "grad_norm": train.get("grad_norm"), "lr": train.get("lr"),
         "mean_kl": train["mean_kl"], "turn_kl_profile": turn_kl_profile(train["turn_kl"]),
@@ -231,7 +216,9 @@ def run_distillation(cfg: RunConfig, resume: str | None = None, dry_run: bool = 
 
     teacher_eval = None
     summary: dict[str, Any] = {"run_dir": str(run_dir), "start_step": start_step}
-    with EnvPool(setup.spec, cfg.env.num_workers, cfg.env.step_timeout_s) as pool:
+    with (EnvPool(setup.spec, cfg.env.num_workers, cfg.env.step_timeout_s) as pool,
+          open_rollouts(cfg, setup, trainer=trainer, policy=policy, pool=pool, teachers=teachers, depth=depth,
+                        ledger=ledger, start_step=start_step) as rollouts):
         if start_step == 0 and cfg.eval.teacher:
             with ledger.phase("eval"):
                 teacher_eval = evaluate_teacher(cfg, setup, setup.teacher_specs[cfg.env.name], pool)
@@ -245,20 +232,14 @@ def run_distillation(cfg: RunConfig, resume: str | None = None, dry_run: bool = 
 
         progress = StepProgress(cfg.trainer.steps, start_step, enabled=is_main)
         for step in range(start_step, cfg.trainer.steps):
-            probed = depth.should_probe(step)
-            if probed:
-                with ledger.phase("probe"):
-                    trajectories = play(cfg, setup, pool, policy, step, cap=cfg.env.max_turns, probe=True,
-                                        ledger=ledger)
-                    score_trajectories(teachers, trajectories)
-                    probes = [t for part in gather_objects(trajectories) for t in part if not t.failed_by_env]
-                    depth.update_from_trajectories(probes)
-                cap = cfg.env.max_turns
-            else:
-                cap = depth.cap_at(step)
-                trajectories = play(cfg, setup, pool, policy, step, cap=cap, probe=False, ledger=ledger)
-                with ledger.phase("teacher"):
-                    score_trajectories(teachers, trajectories)
+            # Probes (full depth) or rollouts at the depth cap, teacher-scored; probes update the controller.
+            plan = plan_batch(depth, step, cfg.env.max_turns)
+            trajectories = rollouts.take(plan)
+            if plan.probe:
+                probes = [t for part in gather_objects(trajectories) for t in part if not t.failed_by_env]
+                depth.update_from_trajectories(probes)
+            if step + 1 < cfg.trainer.steps:  # the asynchronous modes generate it while this step trains
+                rollouts.prepare(plan_batch(depth, step + 1, cfg.env.max_turns))
 
             alpha = loss_alpha(step, cfg.trainer.steps, cfg.loss.alpha_start, cfg.loss.alpha_end,
                                cfg.loss.alpha_schedule) if cfg.loss.mode == "progressive" else 0.0
@@ -266,11 +247,12 @@ def run_distillation(cfg: RunConfig, resume: str | None = None, dry_run: bool = 
                 train = trainer.step(build_token_batch(trajectories), alpha)  # raises TrainingDiverged
             with ledger.phase("weight_sync"), trainer.gathered_parameters() as student_weights:
                 policy.update_weights(student_weights)
+                rollouts.publish(student_weights, version=step + 1)
 
             done = step + 1
             episodes = [e for part in gather_objects([EpisodeSummary.of(t) for t in trajectories]) for e in part]
-            record = step_record(done, ledger, ledger.end_step(), depth, cap, probed, alpha, train, episodes,
-                                 sum(e.action_tokens for e in episodes))
+            record = step_record(done, ledger, ledger.end_step(), depth, plan.cap, plan.probe, alpha, train, episodes,
+                                 sum(e.action_tokens for e in episodes), rollouts.stats())
             if writer is not None:
                 writer.write(record)
             if tb is not None:

@@ -7,6 +7,10 @@ Record kinds (field "kind"):
   phases {phase: seconds this step}, rollout_depth_cap, h_eff, h_cov (None without a probe this
   step), probed (bool), alpha, loss, mean_kl, turn_kl_profile [per turn], deep_turn_share,
   tokens_generated, tokens_trained, mean_turns, success_rate, invalid_action_rate, skipped (bool).
+  step_time_s (this step's wall-clock, eval and checkpoint excluded), generator_phases {phase:
+  seconds the generator process spent this step; empty in sync mode; they overlap `phases`},
+  pipeline {mode, weight_version (the trainer's), staleness_max, staleness_mean (versions the
+  trained trajectories lag it), dropped_stale, queued, generator_restarts} (see turnopd.pipeline).
 - "eval": step (optimizer steps done when evaluated), train_time_s (training clock then), split,
   k, avg_at_k (0..1), per_type {task type: avg}, num_tasks, mean_turns, eval_time_s.
 - "teacher_eval": the same fields for the teacher on the same tasks (the ceiling), at step 0.

@@ -1,0 +1,176 @@
+"""Pipeline overlap: the same OPD recipe and seeds in pipeline.mode sync, one_step_off and pool, side
+by side in one run, on real ALFWorld games.
+
+    python benchmarks/pipeline_overlap.py                          # tiny random teacher and student
+    python benchmarks/pipeline_overlap.py --teacher teachers/alfworld/teacher.yaml --steps 12
+    python benchmarks/pipeline_overlap.py --modes sync pool --seeds 0 1 --sync-threads 1 2
+
+Every run is `turnopd distill` in its own process, one after another, on a recipe this script writes
+(TurnOPD: adaptive depth with probes, progressive loss; k1 with clip_eps 0.2 in every mode so that the
+objective is the same). Every mode gets the whole machine: one_step_off and pool run with
+OMP_NUM_THREADS = --threads, which the pipeline splits between its two processes (1 + 1 on 2 cores);
+sync runs once per --sync-threads value (default --threads), since on a loaded machine fewer threads
+in one process can be faster than more. The speedup is over the fastest sync run. Without --teacher the teacher and student are tiny random-init models (a
+tokenizer built from ALFWorld's text; the student is --hidden wide and --layers deep so that training
+costs about as much as generation): their accuracy stays at zero, so only the clocks mean anything.
+With --teacher (a teacher.yaml, e.g. the one `turnopd sft recipes/alfworld/teacher_sft.yaml` writes)
+the student shares its tokenizer and the frontier compares accuracy too.
+
+Reported per mode, from metrics.jsonl (steps after the first, whose clock includes the generator's
+start-up): wall-clock per optimizer step (mean of step_time_s; eval and checkpoint excluded), the
+trainer's idle fraction (1 - train phase / step time: everything the training process does besides
+forward/backward/optimizer step, i.e. waiting for rollouts in sync mode and for the generator process
+in the others), generated and trained tokens per second of step time, the generator's idle fraction,
+the trajectories' staleness, and the speedup of the mean step time over sync's. Then `turnopd
+frontier --md` on the runs: Avg@k against the training wall-clock, Same-Step and Least-Time.
+Figures depend on the machine and on what else runs on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MODES = ("sync", "one_step_off", "pool")
+
+RECIPE = """
+name: bench
+output_dir: {out}/runs
+student:
+  path: {out}/models/student
+  prepare: tiny
+  prepare_options: {{tokenizer: {tokenizer}, hidden_size: {hidden}, num_layers: {layers}, num_heads: {heads},
+                    max_position_embeddings: 2048, seed: 7}}
+teachers: {{alfworld: {teacher}}}
+env: {{name: alfworld, max_turns: {max_turns}, answer_format: action, history_length: 1, num_workers: 2,
+       task_types: [pick_and_place_simple, look_at_obj_in_light], eval_split: valid_seen}}
+policy: {{max_new_tokens: {new_tokens}, temperature: 1.0}}
+objective: {{estimator: k1, clip_eps: 0.2}}
+loss: {{mode: progressive}}
+depth: {{mode: adaptive, h_max: {max_turns}, warmup_steps: 2, probe_every: 4, num_probes: {episodes},
+         min_successes: 1}}
+trainer: {{steps: {steps}, episodes_per_step: {episodes}, lr: 1.0e-4}}
+eval: {{every: {eval_every}, max_tasks: {eval_tasks}}}
+checkpoint: {{every: 0, keep_last: 1}}
+pipeline: {{max_staleness: 1}}
+tensorboard: false
+"""
+
+
+def prepare_models(out: Path, teacher_spec: str | None, hidden: int) -> tuple[str, str]:
+    """(teacher spec path, tokenizer folder): the given teacher, or a tiny random one built here."""
+    if teacher_spec:
+        from teachers import load_teacher_spec
+
+        return str(Path(teacher_spec).resolve()), load_teacher_spec(teacher_spec).model
+    from turnopd.models import prepare_model
+
+    teacher_dir = prepare_model("tiny", out / "models" / "teacher", env="alfworld", corpus_episodes=20,
+                                hidden_size=hidden, num_layers=2, num_heads=max(1, hidden // 64),
+                                max_position_embeddings=2048, seed=0)
+    spec = out / "models" / "teacher.yaml"
+    spec.write_text(f"name: tiny-random-teacher\nmodel: {teacher_dir}\nbackend: transformers\ndtype: float32\n"
+                    "max_length: 2048\n")
+    return str(spec), str(teacher_dir)
+
+
+def run_mode(recipe: Path, label: str, mode: str, threads: int, seed: int) -> Path:
+    name = f"{label}-s{seed}"
+    run_dir = recipe.parent / "runs" / name
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    command = [sys.executable, "-m", "turnopd.cli", "distill", str(recipe), f"name={name}", f"seed={seed}",
+               f"pipeline.mode={mode}"]
+    print(f"$ OMP_NUM_THREADS={threads}", " ".join(command[1:]), flush=True)
+    done = subprocess.run(command, cwd=REPO, text=True, capture_output=True,
+                          env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    if done.returncode:
+        sys.exit(f"{name} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
+    return run_dir
+
+
+def summarize(run_dir: Path) -> dict[str, float]:
+    train = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "train"][1:]  # the first step's clock includes start-up
+    step_time = sum(r["step_time_s"] for r in train)
+    generator = [sum(r["generator_phases"].values()) for r in train]
+    generator_idle = sum(r["generator_phases"].get("idle", 0.0) for r in train)
+    return {
+        "step_s": step_time / len(train),
+        "step_median_s": statistics.median(r["step_time_s"] for r in train),
+        "trainer_idle": 1 - sum(r["phases"].get("train", 0.0) for r in train) / step_time,
+        "generator_idle": generator_idle / sum(generator) if sum(generator) else float("nan"),
+        "generated_tok_s": sum(r["tokens_generated"] for r in train) / step_time,
+        "trained_tok_s": sum(r["tokens_trained"] for r in train) / step_time,
+        "staleness": statistics.mean(r["pipeline"]["staleness_mean"] for r in train),
+        "dropped": sum(r["pipeline"]["dropped_stale"] for r in train),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads of every run (OMP_NUM_THREADS)")
+    parser.add_argument("--sync-threads", nargs="+", type=int, help="one sync run per value (default: --threads)")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--episodes", type=int, default=4, help="episodes per step (and probes per probe step)")
+    parser.add_argument("--max-turns", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=16, help="policy.max_new_tokens")
+    parser.add_argument("--hidden", type=int, default=256, help="tiny student (and random teacher) width")
+    parser.add_argument("--layers", type=int, default=4, help="tiny student depth")
+    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--eval-tasks", type=int, default=4)
+    parser.add_argument("--teacher", help="a teacher.yaml (default: a tiny random teacher built here)")
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench-pipeline")
+    args = parser.parse_args()
+
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    teacher, tokenizer = prepare_models(out, args.teacher, args.hidden)
+    recipe = out / "recipe.yaml"
+    recipe.write_text(RECIPE.format(out=out, teacher=teacher, tokenizer=tokenizer, hidden=args.hidden,
+                                    layers=args.layers, heads=max(1, args.hidden // 64), max_turns=args.max_turns,
+                                    new_tokens=args.new_tokens, episodes=args.episodes, steps=args.steps,
+                                    eval_every=args.eval_every, eval_tasks=args.eval_tasks))
+    print(f"recipe: {recipe}; {os.cpu_count()} CPUs", flush=True)
+
+    variants = {}  # label -> (mode, threads)
+    for mode in args.modes:
+        for threads in (args.sync_threads or [args.threads]) if mode == "sync" else [args.threads]:
+            variants[f"{mode}-t{threads}" if mode == "sync" else mode] = (mode, threads)
+    runs = {(label, seed): run_mode(recipe, label, mode, threads, seed)
+            for seed in args.seeds for label, (mode, threads) in variants.items()}
+    rows = {label: [summarize(runs[label, seed]) for seed in args.seeds] for label in variants}
+    mean = {label: {key: statistics.mean(r[key] for r in rows[label]) for key in rows[label][0]} for label in rows}
+    # speedups against the fastest sync run (or the first run, without one)
+    baseline = min((m["step_s"] for label, m in mean.items() if variants[label][0] == "sync"),
+                   default=next(iter(mean.values()))["step_s"])
+
+    print(f"\n**pipeline overlap: {args.steps} steps x {args.episodes} episodes, ALFWorld max_turns "
+          f"{args.max_turns}, seeds {args.seeds}; means over steps 2..{args.steps}**\n")
+    print("| mode | threads | s / step | median | speedup vs sync | trainer idle | generator idle | gen tok/s | "
+          "trained tok/s | staleness | dropped |")
+    print("|---|" + "---:|" * 10)
+    for label, m in mean.items():
+        generator_idle = "–" if math.isnan(m["generator_idle"]) else f"{100 * m['generator_idle']:.0f}%"
+        print(f"| {label} | {variants[label][1]} | {m['step_s']:.2f} | {m['step_median_s']:.2f} | "
+              f"{baseline / m['step_s']:.2f}x | {100 * m['trainer_idle']:.0f}% | {generator_idle} | "
+              f"{m['generated_tok_s']:.1f} | {m['trained_tok_s']:.0f} | {m['staleness']:.2f} | {m['dropped']:.0f} |")
+    print()
+    first = next(iter(runs.values())).name  # a sync run's, when there is one
+    frontier = subprocess.run([sys.executable, "-m", "turnopd.cli", "frontier", "--md", "--baseline", first,
+                               *map(str, runs.values())], cwd=REPO, text=True, capture_output=True)
+    print(frontier.stdout or frontier.stderr)
+
+
+if __name__ == "__main__":
+    main()
