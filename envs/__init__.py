@@ -12,7 +12,7 @@ from turnopd.registry import Registry
 ENVS: Registry[Callable[..., EnvSpec]] = Registry("env")
 
 # Each module registers its EnvSpec class on import; they import their engines lazily.
-BUILTIN_ENVS = ("envs.alfworld", "envs.webshop", "envs.search")
+BUILTIN_ENVS = ("envs.alfworld", "envs.webshop", "envs.search", "envs.twx")
 for _module in BUILTIN_ENVS:
     importlib.import_module(_module)
 

@@ -6,6 +6,7 @@ types, prompt template, action parser and expert, and makes `Env`s.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -108,6 +109,41 @@ def format_history(history: list[tuple[str, str]], step: int) -> str:
         f"[Observation {first + i}: '{obs}', Action {first + i}: '{action}']"
         for i, (obs, action) in enumerate(history)
     )
+
+
+def history_sentence(history: list[tuple[str, str]], step: int) -> str:
+    """verl-agent's sentence that shows the recent (observation, action) pairs after `step` steps."""
+    return (f"Prior to this step, you have already taken {step} step(s). Below are the most recent "
+            f"{len(history)} observations and the corresponding actions you took: {format_history(history, step)}")
+
+
+def observation_lines(history: list[tuple[str, str]], step: int, observation: str) -> list[str]:
+    """verl-agent's lines for the current turn: the current observation, preceded by the recent history
+    (and the step number) once there is one."""
+    if not history:
+        return [f"Your current observation is: {observation}"]
+    return [history_sentence(history, step),
+            f"You are now at step {step + 1} and your current observation is: {observation}"]
+
+
+def check_known(what: str, given: Iterable[str], allowed: Collection[str]) -> None:
+    """A recipe's names (task types, options) checked against what an env knows: the error names the
+    unknown ones and lists the allowed ones."""
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown {what} {unknown}; allowed: {', '.join(allowed)}")
+
+
+def check_split(env: str, split: str, splits: Sequence[str]) -> None:
+    if split not in splits:
+        raise ValueError(f"unknown {env} split {split!r}; allowed: {', '.join(splits)}")
+
+
+def select_tasks(tasks: Iterable[str], task_type: Callable[[str], str], config: Any) -> list[str]:
+    """A split's tasks (in their order) of the env config's `task_types` (all when empty), cut to its
+    `max_tasks` (None: all)."""
+    wanted = set(config.task_types)
+    return [t for t in tasks if not wanted or task_type(t) in wanted][: config.max_tasks]
 
 
 def select_template(templates: dict[str, T], name: str, env: str) -> T:

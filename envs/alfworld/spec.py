@@ -14,8 +14,11 @@ from envs.base import (
     ParsedAction,
     PromptContext,
     answer_instruction,
+    check_known,
+    check_split,
     extract_action,
-    format_history,
+    observation_lines,
+    select_tasks,
     select_template,
 )
 from turnopd.data import resolve_data
@@ -36,17 +39,9 @@ EXPERTS = ("walkthrough", "handcoded")
 def render_default(ctx: PromptContext) -> str:
     """verl-agent's ALFWorld prompt, admissible actions comma-separated ('help' left out, as there)."""
     actions = ", ".join(f"'{a}'" for a in ctx.admissible or [] if a != "help")
-    lines = [f"You are an expert agent operating in the ALFRED Embodied Environment. Your task is to: {ctx.task}"]
-    if ctx.history:
-        lines += [
-            f"Prior to this step, you have already taken {ctx.step} step(s). Below are the most recent "
-            f"{len(ctx.history)} observations and the corresponding actions you took: "
-            f"{format_history(ctx.history, ctx.step)}",
-            f"You are now at step {ctx.step + 1} and your current observation is: {ctx.observation}",
-        ]
-    else:
-        lines.append(f"Your current observation is: {ctx.observation}")
-    lines += [
+    lines = [
+        f"You are an expert agent operating in the ALFRED Embodied Environment. Your task is to: {ctx.task}",
+        *observation_lines(ctx.history, ctx.step, ctx.observation),
         f"Your admissible actions of the current situation are: [{actions}].",
         "",
         "Now it's your turn to take an action.",
@@ -74,12 +69,8 @@ class AlfworldSpec:
         self.config = config
         self.root = resolve_data(DATA_SUBDIR, data_dir)
         self.render_template = select_template(TEMPLATES, config.template, self.name)
-        unknown = sorted(set(config.task_types) - set(TASK_TYPES))
-        if unknown:
-            raise ValueError(f"unknown ALFWorld task types {unknown}; allowed: {', '.join(TASK_TYPES)}")
-        unknown_options = sorted(set(config.options) - {"expert", "expert_seed"})
-        if unknown_options:
-            raise ValueError(f"unknown alfworld options {unknown_options}; allowed: expert, expert_seed")
+        check_known("ALFWorld task types", config.task_types, TASK_TYPES)
+        check_known("alfworld options", config.options, ("expert", "expert_seed"))
         self.expert_kind = config.options.get("expert", "walkthrough")
         if self.expert_kind not in EXPERTS:
             raise ValueError(f"unknown alfworld expert {self.expert_kind!r}; allowed: {', '.join(EXPERTS)}")
@@ -89,16 +80,13 @@ class AlfworldSpec:
         return list(SPLITS)
 
     def split_dir(self, split: str) -> Path:
-        if split not in SPLITS:
-            raise ValueError(f"unknown ALFWorld split {split!r}; allowed: {', '.join(SPLITS)}")
+        check_split("ALFWorld", split, SPLITS)
         return self.root / split
 
     def tasks(self, split: str) -> list[str]:
         if split not in self._tasks:
             self._tasks[split] = self._playable_games(split)
-        selected = [t for t in self._tasks[split] if not self.config.task_types
-                    or self.task_type(t) in self.config.task_types]
-        return selected[: self.config.max_tasks]
+        return select_tasks(self._tasks[split], self.task_type, self.config)
 
     def _playable_games(self, split: str) -> list[str]:
         folder = self.split_dir(split)

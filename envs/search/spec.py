@@ -14,8 +14,11 @@ from envs.base import (
     PromptContext,
     StepOutcome,
     answer_instruction,
+    check_known,
+    check_split,
     extract_action,
-    format_history,
+    history_sentence,
+    select_tasks,
     select_template,
 )
 from envs.search.data import DATASETS, SPLITS, MultihopData, Question, check_files, load_multihop
@@ -33,11 +36,7 @@ def render_default(ctx: PromptContext, top_k: int, max_turns: int) -> str:
         f"Your question: {ctx.task}",
     ]
     if ctx.history:
-        lines.append(
-            f"Prior to this step, you have already taken {ctx.step} step(s). Below are the most recent "
-            f"{len(ctx.history)} observations and the corresponding actions you took: "
-            f"{format_history(ctx.history, ctx.step)}"
-        )
+        lines.append(history_sentence(ctx.history, ctx.step))
     if ctx.step > 0:
         lines.append(f"You are now at step {ctx.step + 1} and your current observation is: {ctx.observation}")
     lines += [
@@ -96,15 +95,11 @@ class SearchSpec:
         self.config = config
         self.root = resolve_data("multihop", data_dir)
         check_files(self.root)
-        unknown = sorted(set(config.options) - set(OPTIONS))
-        if unknown:
-            raise ValueError(f"unknown search options {unknown}; allowed: {', '.join(OPTIONS)}")
+        check_known("search options", config.options, OPTIONS)
         self.top_k = config.options.get("top_k", OPTIONS["top_k"])
         if not isinstance(self.top_k, int) or self.top_k < 1:
             raise ValueError(f"search option top_k must be a positive integer; got {self.top_k!r}")
-        unknown_types = sorted(set(config.task_types) - set(DATASETS))
-        if unknown_types:
-            raise ValueError(f"unknown search task types {unknown_types}; allowed: {', '.join(DATASETS)}")
+        check_known("search task types", config.task_types, DATASETS)
         template = select_template(TEMPLATES, config.template, self.name)
         self.render_template = partial(template, top_k=self.top_k, max_turns=config.max_turns)
 
@@ -112,11 +107,8 @@ class SearchSpec:
         return list(SPLITS)
 
     def tasks(self, split: str) -> list[str]:
-        if split not in SPLITS:
-            raise ValueError(f"unknown search split {split!r}; allowed: {', '.join(SPLITS)}")
-        selected = [t for t in load_multihop(self.root).splits[split]
-                    if not self.config.task_types or self.task_type(t) in self.config.task_types]
-        return selected[: self.config.max_tasks]
+        check_split("search", split, SPLITS)
+        return select_tasks(load_multihop(self.root).splits[split], self.task_type, self.config)
 
     def task_type(self, task_id: str) -> str:
         return task_id.split("/", 1)[0]

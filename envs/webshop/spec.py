@@ -13,8 +13,11 @@ from envs.base import (
     PromptContext,
     StepOutcome,
     answer_instruction,
+    check_known,
+    check_split,
     extract_action,
-    format_history,
+    observation_lines,
+    select_tasks,
     select_template,
 )
 from envs.webshop.catalog import SPLITS, Catalog, Goal, check_files, load_catalog
@@ -43,21 +46,11 @@ def render_default(ctx: PromptContext) -> str:
     """verl-agent's WebShop prompt (WEBSHOP_TEMPLATE, and _NO_HIS at the first step)."""
     actions = "\n".join(f"'{a}'," for a in ctx.admissible or [])
     observation = observation_without_goal(ctx.observation, ctx.task)
+    history = [(observation_without_goal(obs, ctx.task), action) for obs, action in ctx.history]
     lines = [
         "You are an expert autonomous agent operating in the WebShop e-commerce environment.",
         f"Your task is to: {ctx.task}.",
-    ]
-    if ctx.history:
-        history = [(observation_without_goal(obs, ctx.task), action) for obs, action in ctx.history]
-        lines += [
-            f"Prior to this step, you have already taken {ctx.step} step(s). Below are the most recent "
-            f"{len(history)} observations and the corresponding actions you took: "
-            f"{format_history(history, ctx.step)}",
-            f"You are now at step {ctx.step + 1} and your current observation is: {observation}.",
-        ]
-    else:
-        lines.append(f"Your current observation is: {observation}.")
-    lines += [
+        *observation_lines(history, ctx.step, f"{observation}."),
         f"Your admissible actions of the current situation are: \n[\n{actions}\n].",
         "",
         "Now it's your turn to take one action for the current step.",
@@ -130,16 +123,11 @@ class WebShopSpec:
         return list(SPLITS)
 
     def tasks(self, split: str) -> list[str]:
-        if split not in SPLITS:
-            raise ValueError(f"unknown WebShop split {split!r}; allowed: {', '.join(SPLITS)}")
+        check_split("WebShop", split, SPLITS)
         catalog = load_catalog(self.root)
-        known = {goal.category for goal in catalog.goals.values()}
-        unknown = sorted(set(self.config.task_types) - known)
-        if unknown:
-            raise ValueError(f"unknown WebShop task types {unknown}; allowed: {', '.join(sorted(known))}")
-        selected = [t for t in catalog.splits[split]
-                    if not self.config.task_types or self.task_type(t) in self.config.task_types]
-        return selected[: self.config.max_tasks]
+        known = sorted({goal.category for goal in catalog.goals.values()})
+        check_known("WebShop task types", self.config.task_types, known)
+        return select_tasks(catalog.splits[split], self.task_type, self.config)
 
     def task_type(self, task_id: str) -> str:
         return load_catalog(self.root).goals[task_id].category

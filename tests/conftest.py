@@ -1,0 +1,38 @@
+"""Shared fixtures: a tiny model built once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+# A small fixed corpus shaped like ALFWorld prompts and agent answers.
+TINY_CORPUS = [
+    "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, "
+    "you see a bed 1, a desk 1, a desk 2, a drawer 1, a drawer 2, a garbagecan 1, a shelf 1, and a sidetable 1.",
+    "Your task is to: put some pencil on desk.",
+    "Your task is to: look at bowl under the desklamp.",
+    "Your task is to: heat some egg and put it in countertop.",
+    "You arrive at desk 1. On the desk 1, you see a pencil 1, a book 2, and a desklamp 1.",
+    "You pick up the pencil 1 from the desk 1.",
+    "You move the pencil 1 to the desk 2.",
+    "You open the drawer 1. The drawer 1 is open. In it, you see nothing.",
+    "Nothing happens.",
+    "Your admissible actions of the current situation are: [go to bed 1, go to desk 1, examine desk 1, "
+    "inventory, look, take pencil 1 from desk 1, move pencil 1 to desk 2, use desklamp 1].",
+    "You are an expert agent operating in the ALFRED Embodied Environment. Your current observation is: ",
+    "<think>The pencil is on desk 1, so I go there first.</think><action>go to desk 1</action>",
+    "<think>I have the pencil; now I put it on desk 2.</think><action>move pencil 1 to desk 2</action>",
+    "<action>take pencil 1 from desk 1</action>",
+    "<action>heat egg 1 with microwave 1</action>",
+]
+
+TINY_MODEL_SIZE = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "max_position_embeddings": 1024}
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama-shaped model (random init) with a BPE tokenizer built from TINY_CORPUS."""
+    from turnopd.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", TINY_CORPUS, seed=0, **TINY_MODEL_SIZE)

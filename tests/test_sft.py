@@ -1,0 +1,333 @@
+"""Teacher SFT: demonstrations rendered as the rollout engine renders turns, loss on answer tokens
+only, the recipe schema, and (slow) a whole `turnopd sft` run on real ALFWorld games."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from envs.base import PromptContext, StepOutcome, extract_action, format_answer
+from turnopd.config import EnvConfig, RecipeError, TrainerConfig, compose
+from turnopd.rollout import Generation, SamplingParams
+from turnopd.rollout.engine import rollout
+from turnopd.sft import (
+    Demonstration,
+    DemoStep,
+    SFTConfig,
+    batches,
+    demo_cache_path,
+    demo_examples,
+    demo_tasks,
+    example_batch,
+    load_sft_recipe,
+    play_experts,
+)
+
+# ---- a small in-process env: walk to desk 1, 2, ..., n in order --------------------------------
+
+
+class WalkEnv:
+    def reset(self, task_id: str) -> StepOutcome:
+        self.goal, self.at = int(task_id.split("-")[1]), 0
+        return StepOutcome(self._observation(), admissible=self._admissible(), info={"task": f"reach desk {self.goal}"})
+
+    def step(self, action: str) -> StepOutcome:
+        invalid = action != f"go to desk {self.at + 1}"
+        self.at += not invalid
+        won = self.at == self.goal
+        return StepOutcome(self._observation() if not invalid else "Nothing happens.", done=won, won=won,
+                           admissible=self._admissible(), info={"invalid": invalid})
+
+    def _observation(self) -> str:
+        return f"You are at desk {self.at}." if self.at else "You are in the middle of a room."
+
+    def _admissible(self) -> list[str]:
+        return [f"go to desk {i}" for i in range(1, self.goal + 1)] + ["look"]
+
+    def close(self) -> None:
+        pass
+
+
+class WalkExpert:
+    def __init__(self) -> None:
+        self.next = 1
+
+    def act(self, outcome: StepOutcome) -> str:
+        self.next += 1
+        return f"go to desk {self.next - 1}"
+
+
+class WalkSpec:
+    name = "walk"
+    default_max_turns = 10
+
+    def tasks(self, split: str) -> list[str]:
+        return [f"{kind}-{n}" for kind in ("near", "far") for n in ((1, 2) if kind == "near" else (3, 4))]
+
+    def task_type(self, task_id: str) -> str:
+        return task_id.split("-")[0]
+
+    def make(self) -> WalkEnv:
+        return WalkEnv()
+
+    def expert(self, task_id: str) -> WalkExpert:
+        return WalkExpert()
+
+    def parse_action(self, text: str):
+        return extract_action(text)
+
+    def render_prompt(self, ctx: PromptContext) -> str:
+        history = " | ".join(f"{obs} -> {act}" for obs, act in ctx.history)
+        return (f"Task: {ctx.task}. Step {ctx.step}. History: [{history}]. Now: {ctx.observation} "
+                f"Actions: {', '.join(ctx.admissible or [])}. ({ctx.answer_format})")
+
+
+class LocalPool:
+    """EnvPool's interface, in this process."""
+
+    num_workers = 1
+
+    def __init__(self, spec: WalkSpec):
+        self.spec = spec
+
+    def reset(self, task_ids: list[str]) -> list[StepOutcome]:
+        self.envs = [self.spec.make() for _ in task_ids]
+        return [env.reset(task) for env, task in zip(self.envs, task_ids, strict=True)]
+
+    def step(self, actions: dict[int, str]) -> dict[int, StepOutcome]:
+        return {slot: self.envs[slot].step(action) for slot, action in actions.items()}
+
+
+class ScriptedPolicy:
+    """Answers each prompt with the expert's next action of its episode (found by the task in it)."""
+
+    weight_version = 0
+    max_model_len = 10_000
+
+    def __init__(self, tokenizer, answer_format: str):
+        self.tokenizer, self.answer_format = tokenizer, answer_format
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Generation]]:
+        out = []
+        for prompt in prompts:
+            text = self.tokenizer.decode(prompt)
+            step = int(text.split("Step ")[1].split(".")[0])
+            answer = format_answer(f"go to desk {step + 1}", self.answer_format)
+            ids = self.tokenizer.encode(answer, add_special_tokens=False)
+            out.append([Generation(ids, [0.0] * len(ids), answer)])
+        return out
+
+
+# ---- demonstrations ------------------------------------------------------------------------------
+
+
+def test_demo_tasks_alternate_task_types_and_sample_each_type() -> None:
+    spec = WalkSpec()
+    tasks = demo_tasks(spec, "train", 3, seed=0)
+    assert [spec.task_type(t) for t in tasks] == ["far", "near", "far"]
+    everything = demo_tasks(spec, "train", 10, seed=0)
+    assert sorted(everything) == sorted(spec.tasks("train"))  # capped at the split's size
+    assert tasks == everything[:3]  # a smaller n is a prefix: cached episodes are reused
+    orders = {tuple(demo_tasks(spec, "train", 4, seed=s)) for s in range(20)}
+    assert len(orders) == 4  # (far-3 | far-4 first) x (near-1 | near-2 first): every order occurs
+
+
+def test_play_experts_records_what_the_expert_saw_and_did() -> None:
+    spec = WalkSpec()
+    demos = list(play_experts(spec, LocalPool(spec), ["near-2", "far-3"], max_turns=10))
+    assert [d.task_id for d in demos] == ["near-2", "far-3"]
+    assert all(d.won for d in demos)
+    assert [s.action for s in demos[1].steps] == ["go to desk 1", "go to desk 2", "go to desk 3"]
+    assert [s.observation for s in demos[1].steps] == ["You are in the middle of a room.", "You are at desk 1.",
+                                                      "You are at desk 2."]
+    assert demos[0].task == "reach desk 2" and demos[0].task_type == "near"
+
+
+def test_play_experts_stops_at_max_turns_and_keeps_lost_episodes() -> None:
+    spec = WalkSpec()
+    (demo,) = play_experts(spec, LocalPool(spec), ["far-4"], max_turns=2)
+    assert not demo.won and len(demo.steps) == 2
+
+
+def test_demonstration_json_round_trip() -> None:
+    demo = Demonstration("t", "near", "goal", True, [DemoStep("obs", ["a", "b"], "a")])
+    from dataclasses import asdict
+
+    assert Demonstration.from_json(json.dumps(asdict(demo))) == demo
+
+
+@pytest.mark.parametrize("answer_format", ["action", "think_action"])
+@pytest.mark.parametrize("history_length", [0, 2])
+def test_examples_are_the_turns_the_rollout_engine_renders(tiny_model_dir: Path, answer_format: str,
+                                                           history_length: int) -> None:
+    """A student that plays the expert's actions sees, turn by turn, exactly the SFT prompt and
+    generates exactly the SFT answer tokens."""
+    spec = WalkSpec()
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    env_config = EnvConfig(name="alfworld", history_length=history_length, answer_format=answer_format, max_turns=10)
+    demos = list(play_experts(spec, LocalPool(spec), ["far-4", "near-2"], max_turns=10))
+    examples = demo_examples(demos, spec, env_config, tok)
+
+    played = rollout(spec, LocalPool(spec), ScriptedPolicy(tok, answer_format), ["far-4", "near-2"],
+                     env_config=env_config, sampling=SamplingParams(temperature=0), cap=10)
+    turns = [turn for traj in played for turn in traj.turns]
+    assert all(traj.success for traj in played)
+    assert [(ex.prompt_ids, ex.answer_ids) for ex in examples] == [(t.prompt_ids, t.action_ids) for t in turns]
+    assert [ex.turn for ex in examples] == [0, 1, 2, 3, 0, 1]
+
+
+def test_lost_demonstrations_are_not_trained_on(tiny_model_dir: Path) -> None:
+    spec = WalkSpec()
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    demos = list(play_experts(spec, LocalPool(spec), ["far-4", "near-1"], max_turns=2))
+    examples = demo_examples(demos, spec, EnvConfig(name="alfworld"), tok)
+    assert [ex.task_id for ex in examples] == ["near-1"]
+
+
+def test_example_batch_masks_exactly_the_answer_tokens() -> None:
+    from turnopd.sft import SFTExample
+
+    examples = [SFTExample("a", 0, [5, 6, 7], [8, 9]), SFTExample("b", 3, [5], [10, 11, 12])]
+    batch = example_batch(examples, "walk")
+    assert batch.input_ids.tolist() == [5, 6, 7, 8, 9, 5, 10, 11, 12]
+    assert batch.loss_mask.tolist() == [False, False, False, True, True, False, True, True, True]
+    assert batch.seq_lens.tolist() == [5, 4]
+    assert batch.turn_ids.tolist() == [-1, -1, -1, 0, 0, -1, 3, 3, 3]
+    assert batch.num_trajectories == 2
+
+
+def test_batches_cover_each_example_once_per_epoch() -> None:
+    drawn = list(batches(10, 4, steps=5, seed=3))
+    assert [len(b) for b in drawn] == [4] * 5
+    flat = [i for b in drawn for i in b]
+    assert sorted(flat[:10]) == list(range(10))  # the first epoch
+    assert sorted(flat[10:20]) == list(range(10))  # the second
+    assert drawn == list(batches(10, 4, steps=5, seed=3))
+    assert drawn != list(batches(10, 4, steps=5, seed=4))
+
+
+def test_demo_cache_depends_on_episodes_not_on_prompt_settings() -> None:
+    base = EnvConfig(name="alfworld", options={"expert": "handcoded"})
+    same = EnvConfig(name="alfworld", options={"expert": "handcoded"}, history_length=0, answer_format="action")
+    assert demo_cache_path(base, "train") == demo_cache_path(same, "train")
+    assert demo_cache_path(base, "train") != demo_cache_path(base, "valid_seen")
+    assert demo_cache_path(base, "train") != demo_cache_path(EnvConfig(name="alfworld"), "train")
+    assert demo_cache_path(base, "train") != demo_cache_path(EnvConfig(name="alfworld", max_turns=20,
+                                                                       options={"expert": "handcoded"}), "train")
+
+
+# ---- training: the loss is the NLL of answer tokens only ------------------------------------------
+
+
+def test_nll_step_loss_is_the_mean_answer_token_nll(tiny_model_dir: Path) -> None:
+    from turnopd.config import LossConfig, ObjectiveConfig
+    from turnopd.sft import SFTExample
+    from turnopd.trainer import Trainer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Your task is to: put some pencil on desk."}],
+                                     add_generation_prompt=True, tokenize=True, return_dict=False)
+    answers = ["<action>go to desk 1</action>", "<action>take pencil 1 from desk 1</action>"]
+    examples = [SFTExample("t", i, list(prompt), tok.encode(a, add_special_tokens=False)) for i, a in enumerate(answers)]
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    nll = []
+    with torch.no_grad():
+        for ex in examples:
+            ids = torch.tensor([ex.prompt_ids + ex.answer_ids])
+            logp = torch.log_softmax(model(ids).logits[0], -1)
+            start = len(ex.prompt_ids)
+            nll += [-logp[p - 1, ids[0, p]].item() for p in range(start, ids.shape[1])]
+    expected = sum(nll) / len(nll)
+
+    trainer = Trainer(model, TrainerConfig(steps=1, lr=1e-2), ObjectiveConfig(estimator="nll"),
+                      LossConfig(mode="token_mean"), total_steps=20)
+    first = trainer.step(example_batch(examples, "walk"), alpha=0.0)["loss"]
+    assert first == pytest.approx(expected, rel=1e-4)
+    for _ in range(15):
+        last = trainer.step(example_batch(examples, "walk"), alpha=0.0)["loss"]
+    assert last < 0.5 * first
+
+
+# ---- the recipe ------------------------------------------------------------------------------------
+
+
+def _write(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "sft.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_recipe_defaults_follow_the_env(tmp_path: Path) -> None:
+    cfg = load_sft_recipe(str(_write(tmp_path, {"name": "t", "model": {"path": "/m"}})), ["env.name=alfworld"])
+    assert isinstance(cfg, SFTConfig)
+    assert cfg.output_dir == "runs/teachers/alfworld"
+    assert cfg.teacher_spec == "teachers/alfworld/teacher.yaml"
+    assert cfg.trainer.steps == 300 and cfg.batch_turns == 32
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["batch_turns=0"], "batch_turns"),
+    (["demos.episodes=0"], "demos.episodes"),
+    (["env.name=nope"], "env.name"),
+    (["eval.max_tasks=0"], "eval.max_tasks"),
+    (["trainer.bogus=1"], "bogus"),
+])
+def test_bad_recipes_name_the_key(tmp_path: Path, overrides: list[str], message: str) -> None:
+    with pytest.raises(RecipeError, match=message):
+        load_sft_recipe(str(_write(tmp_path, {"name": "t", "model": {"path": "/m"}})), overrides)
+
+
+def test_missing_model_path_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError, match="model.path"):
+        load_sft_recipe(str(_write(tmp_path, {"name": "t"})))
+
+
+def test_shipped_sft_recipes_validate() -> None:
+    recipes = sorted(Path(__file__).resolve().parents[1].glob("recipes/*/teacher_sft.yaml"))
+    assert recipes, "no recipes/<env>/teacher_sft.yaml"
+    for recipe in recipes:
+        load_sft_recipe(str(recipe))
+        assert "name" in compose(recipe)
+
+
+# ---- the whole command on real ALFWorld games (slow) -------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sft_command_end_to_end(tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A few walkthrough demonstrations, a few steps, a held-out eval and a loadable teacher spec."""
+    import turnopd.sft as sft
+    from teachers.spec import load_teacher_spec
+    from turnopd.cli import main
+
+    monkeypatch.setattr(sft, "DEMOS_DIR", tmp_path / "demos")
+    recipe = _write(tmp_path, {
+        "name": "smoke",
+        "env": {"name": "alfworld", "task_types": ["pick_and_place_simple"], "answer_format": "action",
+                "history_length": 1, "max_turns": 8, "num_workers": 1},
+        "model": {"path": str(tiny_model_dir)},
+        "demos": {"episodes": 2},
+        "batch_turns": 4,
+        "trainer": {"steps": 3, "lr": 1e-3},
+        "policy": {"max_new_tokens": 16},
+        "eval": {"split": "valid_seen", "max_tasks": 2},
+        "output_dir": str(tmp_path / "teacher"),
+        "teacher_spec": str(tmp_path / "spec" / "teacher.yaml"),
+    })
+    assert main(["sft", str(recipe)]) == 0
+    summary = json.loads((tmp_path / "teacher" / "sft_summary.json").read_text())
+    assert summary["demos_played"] == 2 and summary["steps"] == 3 and summary["eval_tasks"] == 2
+    assert summary["examples"] > 0 and 0.0 <= summary["avg_at_1"] <= 1.0 and math.isfinite(summary["final_loss"])
+    spec = load_teacher_spec(tmp_path / "spec" / "teacher.yaml")
+    assert Path(spec.model) == tmp_path / "teacher" and spec.backend == "transformers"
+    assert AutoModelForCausalLM.from_pretrained(spec.model).config.vocab_size == len(AutoTokenizer.from_pretrained(spec.model))
+    # The expert episodes are cached for the next run.
+    cached = (tmp_path / "demos" / "alfworld").glob("*.jsonl")
+    assert sum(len(p.read_text().splitlines()) for p in cached) == 2

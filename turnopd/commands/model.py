@@ -1,0 +1,89 @@
+"""`turnopd model prepare NAME`: build a model that runs here (see turnopd.models), once."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from turnopd.models import (
+    MODEL_PREPARERS,
+    ModelPrepareError,
+    default_model_dir,
+    prepare_model,
+    read_build_info,
+)
+
+# Size options of the tiny preparation (turnopd.models.tiny.build_tiny_model), as --flags.
+TINY_SIZE_OPTIONS = {"arch": str, "vocab_size": int, "hidden_size": int, "num_layers": int, "num_heads": int,
+                     "num_kv_heads": int, "intermediate_size": int, "max_position_embeddings": int, "seed": int}
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    return key, value
+
+
+def tiny_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The preparation options the command line gave (only those given, so that a rerun with the
+    same flags finds the same prepared folder)."""
+    options: dict[str, Any] = {k: getattr(args, k) for k in TINY_SIZE_OPTIONS if getattr(args, k) is not None}
+    if args.tie_word_embeddings:
+        options["tie_word_embeddings"] = True
+    if args.tokenizer:
+        return {**options, "tokenizer": args.tokenizer}
+    env: dict[str, Any] = {"name": args.env}
+    if args.task_types:
+        env["task_types"] = args.task_types.split(",")
+    if args.env_option:
+        env["options"] = dict(args.env_option)
+    options["env"] = env if len(env) > 1 else args.env
+    if args.data_dir:
+        options["data_dir"] = args.data_dir
+    if args.corpus_episodes is not None:
+        options["corpus_episodes"] = args.corpus_episodes
+    return options
+
+
+def prepare(args: argparse.Namespace) -> int:
+    if args.name not in MODEL_PREPARERS:
+        print(f"error: unknown model {args.name!r}; choose from {', '.join(MODEL_PREPARERS.names())}", file=sys.stderr)
+        return 2
+    options = tiny_options(args) if args.name == "tiny" else {}
+    out = args.out or default_model_dir(args.name)
+    start = time.perf_counter()
+    try:
+        path = prepare_model(args.name, out, **options)
+    except (ModelPrepareError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    info = read_build_info(path) or {}
+    params = info.get("parameters")
+    print(f"{args.name} ready in {path}" + (f" ({params / 1e6:.2f}M parameters)" if params else "")
+          + f"; {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("model", help="build models that run without a hub")
+    model_sub = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+    q = model_sub.add_parser("prepare", help="build a model once (tiny from an env's text, or smollm2-135m)",
+                             description="Prepare a model folder (Hugging Face format). Rerunning with the same "
+                                         "options finds it and does nothing.")
+    q.add_argument("name", help="tiny | smollm2-135m")
+    q.add_argument("--out", help="folder to write (default ~/.cache/turnopd/models/NAME)")
+    tiny = q.add_argument_group("tiny")
+    tiny.add_argument("--env", default="alfworld", help="env whose text the tokenizer is built from")
+    tiny.add_argument("--task-types", help="comma-separated task types of the env (default: all)")
+    tiny.add_argument("--env-option", action="append", type=_key_value, metavar="KEY=VALUE",
+                      help="env option (e.g. expert=handcoded); repeatable")
+    tiny.add_argument("--data-dir", help="task data root (default: $TURNOPD_DATA, then ../shared/data)")
+    tiny.add_argument("--corpus-episodes", type=int, help="expert episodes whose text builds the tokenizer")
+    tiny.add_argument("--tokenizer", help="reuse this model folder's tokenizer instead of building one")
+    for name, kind in TINY_SIZE_OPTIONS.items():
+        tiny.add_argument("--" + name.replace("_", "-"), type=kind)
+    tiny.add_argument("--tie-word-embeddings", action="store_true")
+    q.set_defaults(func=prepare)

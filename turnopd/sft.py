@@ -1,0 +1,433 @@
+"""Teachers by supervised fine-tuning: a model trained on an env's expert demonstrations.
+
+    turnopd sft recipes/alfworld/teacher_sft.yaml [key=value ...]
+
+1. Demonstrations: the env's expert plays `demos.episodes` train tasks (round-robin over task types)
+   through the env pool. Episodes are cached as JSON lines under ~/.cache/turnopd/demos, keyed by
+   env, split, max_turns and env options (the expert is one of them), so reruns and other prompt
+   settings reuse them; only the won ones are trained on.
+2. Each demonstration turn is rendered exactly as the student sees that turn in a rollout (the env's
+   prompt template with the same history window, admissible actions and answer format, as ONE
+   chat user message), and the answer is `format_answer(action, env.answer_format)`.
+3. Training: the same DeepSpeed trainer as distillation, objective `nll` with `token_mean` loss, so
+   the loss is the mean negative log-likelihood of the answer tokens only (prompts are context).
+4. Output: the model in Hugging Face format with its tokenizer in `output_dir`, its held-out Avg@1
+   (greedy) in sft_summary.json, and a teacher spec (`teacher_spec`) that distillation recipes name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from envs.base import EnvSpec, PromptContext, format_answer
+from turnopd.config import (
+    EnvConfig,
+    LossConfig,
+    ModelConfig,
+    ObjectiveConfig,
+    PolicyConfig,
+    RecipeError,
+    TrainerConfig,
+    compose,
+    validate,
+)
+
+DEMOS_DIR = Path.home() / ".cache" / "turnopd" / "demos"
+
+# ---------------------------------------------------------------------------------------------
+# Recipe
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DemoConfig:
+    split: str | None = None  # None: env.train_split
+    episodes: int = field(default=100, metadata={"range": (1, None)})  # expert episodes to play
+
+
+@dataclass
+class SFTEvalConfig:
+    split: str | None = None  # None: env.eval_split
+    max_tasks: int | None = None  # first N tasks of the split (after env.task_types), None: all
+
+
+@dataclass
+class SFTConfig:
+    """A `turnopd sft` recipe. `trainer.steps` optimizer steps of `batch_turns` demonstration turns;
+    `policy` sets the greedy held-out evaluation's generation (stop strings, max_new_tokens)."""
+
+    name: str = MISSING
+    seed: int = 0
+    data_dir: str | None = None
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)  # the model to fine-tune
+    demos: DemoConfig = field(default_factory=DemoConfig)
+    batch_turns: int = field(default=32, metadata={"range": (1, None)})
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(steps=300, lr=1e-3))
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    eval: SFTEvalConfig = field(default_factory=SFTEvalConfig)
+    output_dir: str = "runs/teachers/${env.name}"  # the teacher checkpoint (HF format)
+    teacher_spec: str | None = "teachers/${env.name}/teacher.yaml"  # None: write no spec
+
+
+def _check_sft(cfg: SFTConfig) -> None:
+    if cfg.eval.max_tasks is not None and cfg.eval.max_tasks < 1:
+        raise RecipeError(f"recipe key 'eval.max_tasks': {cfg.eval.max_tasks}; need >= 1 or null (all tasks)")
+
+
+def load_sft_recipe(recipe: str, overrides: list[str] | tuple[str, ...] = ()) -> SFTConfig:
+    return validate(compose(recipe, overrides), schema=SFTConfig, checks=[_check_sft])
+
+
+# ---------------------------------------------------------------------------------------------
+# Demonstrations
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DemoStep:
+    observation: str  # what the expert saw before acting
+    admissible: list[str] | None
+    action: str
+
+
+@dataclass
+class Demonstration:
+    task_id: str
+    task_type: str
+    task: str  # the goal text
+    won: bool
+    steps: list[DemoStep]
+
+    @classmethod
+    def from_json(cls, line: str) -> Demonstration:
+        raw = json.loads(line)
+        raw["steps"] = [DemoStep(**s) for s in raw["steps"]]
+        return cls(**raw)
+
+
+def _progress(label: str, fields: str) -> Progress:
+    return Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn(fields),
+                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+
+
+def demo_tasks(spec: EnvSpec, split: str, n: int, seed: int = 0) -> list[str]:
+    """n tasks of a split, round-robin over its task types, each type's tasks in a seeded random
+    order: any prefix is a uniform sample of every type (split orders group similar tasks, e.g.
+    ALFWorld's sort by object, so taking the first ones would leave whole object classes out)."""
+    by_type: dict[str, list[str]] = {}
+    for task in spec.tasks(split):
+        by_type.setdefault(spec.task_type(task), []).append(task)
+    rng = random.Random(seed)
+    queues = []
+    for _, tasks in sorted(by_type.items()):
+        rng.shuffle(tasks)
+        queues.append(iter(tasks))
+    out: list[str] = []
+    while queues and len(out) < n:
+        for queue in list(queues):
+            task = next(queue, None)
+            if task is None:
+                queues.remove(queue)
+            elif len(out) < n:
+                out.append(task)
+    return out
+
+
+def demo_cache_path(env_config: EnvConfig, split: str) -> Path:
+    """One JSON-lines file per (env, split, max_turns, env options): the episodes do not depend on the
+    prompt settings, which are applied when they are rendered."""
+    key = json.dumps({"split": split, "max_turns": env_config.max_turns, "options": env_config.options},
+                     sort_keys=True, default=str)
+    return DEMOS_DIR / env_config.name / f"{split}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.jsonl"
+
+
+def play_experts(spec: EnvSpec, pool: Any, tasks: list[str], max_turns: int) -> Iterator[Demonstration]:
+    """The expert of each task plays it through the pool (a batch of pool.num_workers * 4 episodes at
+    a time); yields each batch's episodes when they end. Episodes the env failed are left out."""
+    batch = pool.num_workers * 4
+    for start in range(0, len(tasks), batch):
+        chunk = tasks[start:start + batch]
+        outcomes = dict(enumerate(pool.reset(chunk)))
+        experts = {slot: spec.expert(task) for slot, task in enumerate(chunk)}
+        goals = {slot: outcome.info.get("task", "") for slot, outcome in outcomes.items()}
+        steps: dict[int, list[DemoStep]] = {slot: [] for slot in outcomes}
+        live = [slot for slot, outcome in outcomes.items() if not outcome.done]
+        for _ in range(max_turns):
+            if not live:
+                break
+            actions = {slot: experts[slot].act(outcomes[slot]) for slot in live}
+            for slot, action in actions.items():
+                steps[slot].append(DemoStep(outcomes[slot].observation, outcomes[slot].admissible, action))
+            outcomes.update(pool.step(actions))
+            live = [slot for slot in live if not outcomes[slot].done]
+        for slot, task in enumerate(chunk):
+            if "env_error" not in outcomes[slot].info:
+                yield Demonstration(task, spec.task_type(task), goals[slot], bool(outcomes[slot].won), steps[slot])
+
+
+def collect_demonstrations(spec: EnvSpec, env_config: EnvConfig, split: str, episodes: int,
+                           seed: int = 0) -> list[Demonstration]:
+    """The expert episodes of `demo_tasks(spec, split, episodes, seed)`, from the cache where played before."""
+    from envs.pool import EnvPool
+
+    tasks = demo_tasks(spec, split, episodes, seed)
+    path = demo_cache_path(env_config, split)
+    cached: dict[str, Demonstration] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            demo = Demonstration.from_json(line)
+            cached[demo.task_id] = demo
+    missing = [task for task in tasks if task not in cached]
+    if missing:
+        print(f"playing the {env_config.name} expert on {len(missing)} {split} tasks "
+              f"({len(tasks) - len(missing)} cached in {path})", flush=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        progress = _progress("demos", "won {task.fields[won]}")
+        with progress, EnvPool(spec, env_config.num_workers, env_config.step_timeout_s) as pool, \
+                path.open("a") as cache:
+            bar = progress.add_task("demos", total=len(missing), won=0)
+            won, played = 0, 0
+            for demo in play_experts(spec, pool, missing, env_config.max_turns):
+                cache.write(json.dumps(asdict(demo)) + "\n")
+                cache.flush()
+                cached[demo.task_id] = demo
+                won, played = won + demo.won, played + 1
+                progress.update(bar, advance=1, won=won)
+                if not progress.console.is_terminal and played % max(1, len(missing) // 10) == 0:
+                    progress.console.print(f"demos {played}/{len(missing)} played, {won} won")
+    return [cached[task] for task in tasks if task in cached]
+
+
+# ---------------------------------------------------------------------------------------------
+# Demonstrations as training examples
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SFTExample:
+    """One demonstration turn: the prompt the student would see and the expert's answer tokens."""
+
+    task_id: str
+    turn: int
+    prompt_ids: list[int]
+    answer_ids: list[int]
+
+
+def demo_contexts(demo: Demonstration, env_config: EnvConfig,
+                  answer_format: str | None = None) -> Iterator[tuple[PromptContext, DemoStep]]:
+    """Each turn of a demonstration with the prompt context the rollout engine builds for that turn
+    (turnopd.rollout.engine.rollout: the last env.history_length (observation, action) pairs)."""
+    history: list[tuple[str, str]] = []
+    for turn, step in enumerate(demo.steps):
+        yield PromptContext(task=demo.task, step=turn, observation=step.observation,
+                            history=history[-env_config.history_length:] if env_config.history_length else [],
+                            admissible=step.admissible,
+                            answer_format=answer_format or env_config.answer_format), step
+        history.append((step.observation, step.action))
+
+
+def demo_examples(demos: list[Demonstration], spec: EnvSpec, env_config: EnvConfig, tokenizer: Any) -> list[SFTExample]:
+    """Every turn of the won demonstrations, rendered as the rollout engine renders a turn."""
+    from turnopd.rollout.engine import chat_prompt_ids
+
+    examples = []
+    for demo in (d for d in demos if d.won):
+        for ctx, step in demo_contexts(demo, env_config):
+            answer = format_answer(step.action, env_config.answer_format)
+            parsed = spec.parse_action(answer)
+            if not parsed.valid or parsed.action != step.action:  # the engine's history holds parsed actions
+                raise ValueError(f"{spec.name}: the expert's action {step.action!r} does not survive its own "
+                                 f"answer format ({answer!r} parses to {parsed.action!r})")
+            examples.append(SFTExample(demo.task_id, ctx.step, chat_prompt_ids(tokenizer, spec.render_prompt(ctx)),
+                                       tokenizer.encode(answer, add_special_tokens=False)))
+    return examples
+
+
+def example_batch(examples: list[SFTExample], env_name: str):
+    """A TokenBatch whose action tokens are the answers (each example its own one-turn trajectory)."""
+    from turnopd.types import Trajectory, Turn, build_token_batch
+
+    return build_token_batch([
+        Trajectory(task_id=ex.task_id, env_name=env_name, turns=[Turn(
+            index=ex.turn, observation="", prompt_ids=ex.prompt_ids, action_ids=ex.answer_ids,
+            student_logprobs=[0.0] * len(ex.answer_ids))])
+        for ex in examples
+    ])
+
+
+def batches(n_examples: int, batch_size: int, steps: int, seed: int) -> Iterator[list[int]]:
+    """`steps` batches of example indices: shuffled epochs, each example once per epoch."""
+    rng = random.Random(seed)
+    order: list[int] = []
+    for _ in range(steps):
+        while len(order) < batch_size:
+            epoch = list(range(n_examples))
+            rng.shuffle(epoch)
+            order += epoch
+        yield order[:batch_size]
+        order = order[batch_size:]
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SFTResult:
+    output_dir: str
+    teacher_spec: str | None
+    demos_played: int
+    demos_won: int
+    examples: int
+    answer_tokens: int
+    steps: int
+    train_time_s: float
+    first_loss: float
+    final_loss: float  # mean of the last 10 steps
+    eval_split: str
+    eval_tasks: int
+    avg_at_1: float
+    per_type: dict[str, float]
+    eval_mean_turns: float
+    eval_time_s: float
+    demo_time_s: float
+    wall_time_s: float
+
+
+def run_sft(cfg: SFTConfig) -> SFTResult:
+    """Demonstrations -> fine-tuned teacher -> held-out Avg@1 -> teacher spec."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from envs import make_env_spec
+    from envs.pool import EnvPool
+    from turnopd.eval import evaluate
+    from turnopd.models import prepare_model
+    from turnopd.rollout import POLICY_BACKENDS
+    from turnopd.trainer import Trainer
+
+    wall_start = time.perf_counter()
+    spec = make_env_spec(cfg.env, cfg.data_dir)
+    split = cfg.demos.split or cfg.env.train_split
+    eval_split = cfg.eval.split or cfg.env.eval_split
+    eval_tasks = spec.tasks(eval_split)[: cfg.eval.max_tasks]
+    if not spec.tasks(split) or not eval_tasks:
+        raise RecipeError(f"env {cfg.env.name!r}: split {split!r} has {len(spec.tasks(split))} tasks and {eval_split!r} "
+                          f"has {len(eval_tasks)} after env.task_types/eval.max_tasks; both need some")
+    model_dir = Path(cfg.model.path).expanduser()
+    if not model_dir.exists():
+        if cfg.model.prepare is None:
+            raise RecipeError(f"recipe key 'model.path': {model_dir} does not exist and 'model.prepare' is not set")
+        prepare_model(cfg.model.prepare, model_dir, **cfg.model.prepare_options)
+
+    demo_start = time.perf_counter()
+    demos = collect_demonstrations(spec, cfg.env, split, cfg.demos.episodes, cfg.seed)
+    demo_time = time.perf_counter() - demo_start
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    examples = demo_examples(demos, spec, cfg.env, tokenizer)
+    if not examples:
+        raise RuntimeError(f"the expert won none of its {len(demos)} episodes: nothing to train on")
+    longest = max(len(ex.prompt_ids) + len(ex.answer_ids) for ex in examples)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if longest > model.config.max_position_embeddings:
+        raise RecipeError(f"a demonstration turn has {longest} tokens, more than the model's "
+                          f"{model.config.max_position_embeddings} positions; lower env.history_length "
+                          f"(now {cfg.env.history_length})")
+    print(f"{sum(d.won for d in demos)}/{len(demos)} expert episodes won -> {len(examples)} turns, "
+          f"{sum(len(ex.answer_ids) for ex in examples)} answer tokens; longest turn {longest} tokens", flush=True)
+
+    torch.manual_seed(cfg.seed)
+    trainer = Trainer(model, cfg.trainer, ObjectiveConfig(estimator="nll"), LossConfig(mode="token_mean"),
+                      total_steps=cfg.trainer.steps)
+    losses = _train(trainer, examples, cfg)
+    train_time = sum(t for _, t in losses)
+
+    output = Path(cfg.output_dir).expanduser()
+    output.mkdir(parents=True, exist_ok=True)
+    with trainer.gathered_parameters() as module:
+        module.save_pretrained(output)
+    tokenizer.save_pretrained(output)
+    del trainer, model
+
+    eval_start = time.perf_counter()
+    policy = POLICY_BACKENDS.get(cfg.policy.backend)(str(output), cfg.policy, dtype="float32", seed=cfg.seed)
+    with EnvPool(spec, cfg.env.num_workers, cfg.env.step_timeout_s) as pool:
+        result = evaluate(spec, pool, policy, eval_tasks, split=eval_split, env_config=cfg.env,
+                          policy_config=cfg.policy, k=1, seed=cfg.seed)
+    policy.close()
+    eval_time = time.perf_counter() - eval_start
+
+    spec_path = _write_teacher_spec(cfg, output, tokenizer) if cfg.teacher_spec else None
+    final = [loss for loss, _ in losses[-10:]]
+    summary = SFTResult(
+        output_dir=str(output), teacher_spec=str(spec_path) if spec_path else None, demos_played=len(demos),
+        demos_won=sum(d.won for d in demos), examples=len(examples),
+        answer_tokens=sum(len(ex.answer_ids) for ex in examples), steps=len(losses), train_time_s=train_time,
+        first_loss=losses[0][0], final_loss=sum(final) / len(final), eval_split=eval_split, eval_tasks=len(eval_tasks),
+        avg_at_1=result.avg_at_k, per_type=result.per_type, eval_mean_turns=result.mean_turns, eval_time_s=eval_time,
+        demo_time_s=demo_time, wall_time_s=time.perf_counter() - wall_start)
+    (output / "sft_summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
+    print_sft_summary(cfg, summary)
+    return summary
+
+
+def _train(trainer: Any, examples: list[SFTExample], cfg: SFTConfig) -> list[tuple[float, float]]:
+    """The optimizer steps, with a progress bar; returns (loss, seconds) per step."""
+    out: list[tuple[float, float]] = []
+    log_every = max(1, cfg.trainer.steps // 10)
+    progress = _progress("sft", "loss {task.fields[loss]} | {task.fields[tps]} tok/s")
+    with progress:
+        bar = progress.add_task("sft", total=cfg.trainer.steps, loss="-", tps="-")
+        for indices in batches(len(examples), cfg.batch_turns, cfg.trainer.steps, cfg.seed):
+            batch = example_batch([examples[i] for i in indices], cfg.env.name)
+            start = time.perf_counter()
+            metrics = trainer.step(batch, alpha=0.0)
+            seconds = time.perf_counter() - start
+            out.append((float(metrics["loss"]), seconds))
+            progress.update(bar, advance=1, loss=f"{metrics['loss']:.3f}", tps=f"{batch.num_tokens / seconds:.0f}")
+            if not progress.console.is_terminal and len(out) % log_every == 0:  # a log file gets lines
+                elapsed = sum(t for _, t in out)
+                progress.console.print(f"sft step {len(out)}/{cfg.trainer.steps}: loss {metrics['loss']:.3f}, "
+                                       f"{elapsed:.0f} s, ETA {elapsed / len(out) * (cfg.trainer.steps - len(out)):.0f} s")
+    return out
+
+
+def _write_teacher_spec(cfg: SFTConfig, output: Path, tokenizer: Any) -> Path:
+    from teachers.spec import TeacherSpec, save_teacher_spec
+
+    spec = TeacherSpec(name=f"{cfg.env.name}-{cfg.name}", model=str(output), backend="transformers",
+                       dtype="float32", max_length=int(tokenizer.model_max_length))
+    return save_teacher_spec(spec, cfg.teacher_spec)
+
+
+def print_sft_summary(cfg: SFTConfig, s: SFTResult) -> None:
+    from rich.console import Console
+
+    console = Console()
+    console.print(f"[bold]{cfg.name}[/]: {s.steps} steps on {s.examples} demonstration turns "
+                  f"({s.demos_won}/{s.demos_played} expert episodes won) in {s.train_time_s:.0f} s; "
+                  f"loss {s.first_loss:.3f} -> {s.final_loss:.3f}")
+    per_type = ", ".join(f"{k} {100 * v:.1f}%" for k, v in s.per_type.items())
+    console.print(f"held-out Avg@1 on {s.eval_split} ({s.eval_tasks} tasks, greedy): [bold]{100 * s.avg_at_1:.1f}%[/] "
+                  f"({per_type}); mean {s.eval_mean_turns:.1f} turns; eval {s.eval_time_s:.0f} s")
+    console.print(f"teacher checkpoint: {s.output_dir}" + (f"; spec: {s.teacher_spec}" if s.teacher_spec else ""))
+    console.print(f"wall clock {s.wall_time_s:.0f} s (demonstrations {s.demo_time_s:.0f} s)")
