@@ -47,7 +47,9 @@ class ParsedAction:
 
 
 class Expert(Protocol):
-    """An expert policy for one episode: the env action to take after `outcome`."""
+    """An expert policy for one episode: the env action to take after `outcome`. An expert that
+    explores (plays a deliberate mistake, to show recovery) sets `exploring = True` for that turn;
+    demonstrations play such turns but do not train on them."""
 
     def act(self, outcome: StepOutcome) -> str: ...
 

@@ -19,6 +19,7 @@ from teachers.scoring import score_trajectories
 from teachers.spec import (
     TeacherSpec,
     TeacherSpecError,
+    build_missing_teacher,
     load_teacher_spec,
     make_teacher,
     make_teachers,
@@ -29,6 +30,6 @@ from teachers.vllm_server import TeacherServerError
 
 __all__ = [
     "TEACHER_BACKENDS", "Teacher", "TeacherServerError", "TeacherSpec", "TeacherSpecError", "TokenScores",
-    "TokenizerMismatchError", "check_tokenizers", "load_teacher_spec", "make_teacher", "make_teachers",
+    "TokenizerMismatchError", "build_missing_teacher", "check_tokenizers", "load_teacher_spec", "make_teacher", "make_teachers",
     "save_teacher_spec", "score_trajectories", "server_command",
 ]

@@ -8,11 +8,14 @@
     url: http://127.0.0.1:8000    # vllm_server only: where `turnopd teacher serve` listens
     tokenizer: null               # vllm_server only: local tokenizer dir for the start-up guard (default: model)
     options: {}                   # backend settings (see each backend's docstring)
+    sft_recipe: null              # an SFT recipe that trains this teacher: built into `model` when missing
 
 A relative `model` (or `tokenizer`) path is resolved against the spec's own folder when it exists
 there, else against the repository root (the folder holding `teachers/`), so both
 `model: ../../runs/teachers/alfworld` and `model: runs/teachers/alfworld` work from a checkout; a
 relative path found in neither place is kept as written: a Hugging Face hub name (Qwen/Qwen3-8B).
+With `sft_recipe` (resolved the same way), `model` is a local folder (taken from the spec's folder):
+when it is missing, `build_missing_teacher` trains it there with that recipe (`turnopd sft`), once.
 The teacher scores the student's exact token ids, so it applies no chat template of its own; the
 tokenizer guard (check_tokenizers) checks that both render chat prompts to the same ids.
 """
@@ -47,6 +50,7 @@ class TeacherSpec:
     url: str | None = None
     tokenizer: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    sft_recipe: str | None = None
     source: str = ""  # the yaml it was loaded from ("" when built in code)
 
 
@@ -81,6 +85,12 @@ def load_teacher_spec(path: str | os.PathLike[str]) -> TeacherSpec:
     spec.model = _resolve(spec.model, spec_path.parent)
     if spec.tokenizer:
         spec.tokenizer = _resolve(spec.tokenizer, spec_path.parent)
+    if spec.sft_recipe:
+        spec.sft_recipe = _resolve(spec.sft_recipe, spec_path.parent)
+        if not Path(spec.sft_recipe).is_file():
+            raise TeacherSpecError(f"teacher spec {spec_path}: key 'sft_recipe': {spec.sft_recipe} not found")
+        if not Path(spec.model).is_absolute():  # missing yet: it is built where the spec says
+            spec.model = str((spec_path.parent / spec.model).resolve())
     if spec.backend == "vllm_server" and not spec.url:
         raise TeacherSpecError(f"teacher spec {spec_path}: backend vllm_server needs `url` (where "
                                f"`turnopd teacher serve {spec_path}` listens, e.g. http://127.0.0.1:8000)")
@@ -88,16 +98,26 @@ def load_teacher_spec(path: str | os.PathLike[str]) -> TeacherSpec:
 
 
 def save_teacher_spec(spec: TeacherSpec, path: str | os.PathLike[str]) -> Path:
-    """Write a teacher.yaml; the model path is stored relative to the spec's folder when it lies
-    under the repository, so the checkout can move."""
+    """Write a teacher.yaml; the model and sft_recipe paths are stored relative to the spec's folder
+    when they lie under the repository, so the checkout can move."""
     path = Path(path)
     data = {k: v for k, v in vars(spec).items() if k != "source" and v not in (None, {})}
-    model = Path(spec.model).resolve()
-    if model.is_relative_to(REPO_ROOT):
-        data["model"] = os.path.relpath(model, path.parent.resolve())
+    for key in ("model", "sft_recipe"):
+        if data.get(key) and Path(data[key]).resolve().is_relative_to(REPO_ROOT):
+            data[key] = os.path.relpath(Path(data[key]).resolve(), path.parent.resolve())
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(OmegaConf.to_yaml(OmegaConf.create(data)))
     return path
+
+
+def build_missing_teacher(spec: TeacherSpec) -> None:
+    """Train the teacher of a spec with `sft_recipe` when its model folder does not exist yet."""
+    if spec.sft_recipe and not Path(spec.model).exists():
+        from turnopd.models import prepare_model
+
+        print(f"teacher {spec.name}: {spec.model} does not exist; training it with turnopd sft {spec.sft_recipe}",
+              flush=True)
+        prepare_model("sft", spec.model, recipe=spec.sft_recipe)
 
 
 def make_teacher(spec: TeacherSpec) -> Teacher:

@@ -223,13 +223,14 @@ def _reference_sync_losses(cfg) -> list[tuple[float, int, int]]:
     from envs.pool import EnvPool
     from teachers import make_teacher, score_trajectories
     from turnopd.budget import loss_alpha, make_depth_schedule
-    from turnopd.distill import check_setup, load_student, seed_everything
+    from turnopd.distill import load_student, seed_everything
+    from turnopd.preflight import check_setup
     from turnopd.rollout import POLICY_BACKENDS, SamplingParams
     from turnopd.rollout.engine import rollout
     from turnopd.trainer import Trainer
     from turnopd.types import build_token_batch
 
-    setup = check_setup(cfg)
+    setup, _ = check_setup(cfg)
     seed_everything(cfg.seed)
     student, tokenizer = load_student(cfg.student, setup.student_path)
     teachers = {env: make_teacher(spec) for env, spec in setup.teacher_specs.items()}
@@ -286,11 +287,12 @@ def test_sync_mode_is_bit_identical_to_the_loop_before_the_pipeline(models, sync
 
 def _rollouts(models: Path, *overrides: str, train_steps=range(4)):
     """A GeneratorRollouts on the recipe, the trainer it publishes for, and the student at version 0."""
-    from turnopd.distill import check_setup, load_student
+    from turnopd.distill import load_student
+    from turnopd.preflight import check_setup
     from turnopd.trainer import Trainer
 
     cfg = load_recipe(models / "recipe.yaml", list(overrides))
-    setup = check_setup(cfg)
+    setup, _ = check_setup(cfg)
     student, _ = load_student(cfg.student, setup.student_path)
     trainer = Trainer(student, cfg.trainer, cfg.objective, cfg.loss, cfg.trainer.steps)
     version0 = copy.deepcopy(trainer.module)

@@ -190,6 +190,27 @@ def test_lost_demonstrations_are_not_trained_on(tiny_model_dir: Path) -> None:
     assert [ex.task_id for ex in examples] == ["near-1"]
 
 
+class DetourExpert(WalkExpert):
+    """Walks the desks, but marks every other turn as a deliberate mistake (`exploring`)."""
+
+    def act(self, outcome: StepOutcome) -> str:
+        action = super().act(outcome)
+        self.exploring = self.next % 2 == 0
+        return action
+
+
+def test_an_exploring_experts_mistakes_are_played_not_imitated(tiny_model_dir: Path) -> None:
+    spec = WalkSpec()
+    spec.expert = lambda task_id: DetourExpert()
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    (demo,) = play_experts(spec, LocalPool(spec), ["far-4"], max_turns=10)
+    assert [step.imitate for step in demo.steps] == [False, True, False, True]  # turns 0..3, next = 1..4
+    examples = demo_examples([demo], spec, EnvConfig(name="alfworld", history_length=2), tok)
+    assert [ex.turn for ex in examples] == [1, 3]
+    # the history a trained turn shows still holds the mistake that was played before it
+    assert "-> go to desk 1]" in tok.decode(examples[0].prompt_ids)
+
+
 def test_example_batch_masks_exactly_the_answer_tokens() -> None:
     from turnopd.sft import SFTExample
 

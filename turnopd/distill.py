@@ -28,14 +28,13 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from envs import make_env_spec
 from envs.base import EnvSpec
 from envs.pool import EnvPool
-from teachers import check_tokenizers, load_teacher_spec, make_teacher
+from teachers import build_missing_teacher, check_tokenizers, make_teacher
 from turnopd import checkpoint as ckpt
 from turnopd.budget import DepthSchedule, loss_alpha, make_depth_schedule
 from turnopd.config import ModelConfig, RecipeError, RunConfig, to_yaml
-from turnopd.distributed import gather_objects, rank_and_world
+from turnopd.distributed import barrier, gather_objects, rank_and_world
 from turnopd.eval import EvalResult, avg_at_k, evaluate
 from turnopd.ledger import Ledger
 from turnopd.methods import method_of
@@ -46,9 +45,11 @@ from turnopd.pipeline import PipelineStats, open_rollouts, plan_batch
 from turnopd.pipeline import (
     sample_tasks as sample_tasks,  # re-exported: a step's tasks were drawn here before the pipeline
 )
+from turnopd.preflight import check_setup
 from turnopd.progress import StepProgress, print_summary
 from turnopd.rollout import POLICY_BACKENDS, Policy
 from turnopd.trainer import Trainer
+from turnopd.trainer.engine import init_process_group
 from turnopd.types import EpisodeSummary, build_token_batch
 
 
@@ -64,30 +65,10 @@ class Setup:
     teacher_specs: dict[str, Any]
 
 
-def check_setup(cfg: RunConfig) -> Setup:
-    """Fail fast, with errors that name the problem: data, splits, model paths, teacher specs."""
-    spec = make_env_spec(cfg.env, cfg.data_dir)
-    train_tasks = spec.tasks(cfg.env.train_split)
-    eval_split = cfg.eval.split or cfg.env.eval_split
-    eval_tasks = spec.tasks(eval_split)[: cfg.eval.max_tasks]
-    if not train_tasks or not eval_tasks:
-        raise RecipeError(f"env {cfg.env.name!r}: split {cfg.env.train_split!r} has {len(train_tasks)} tasks and "
-                          f"{eval_split!r} has {len(eval_tasks)} after env.task_types/max_tasks; both need some")
-    teacher_specs = {env: load_teacher_spec(path) for env, path in cfg.teachers.items()}
-    student_path = Path(cfg.student.path).expanduser()
-    if not student_path.exists() and cfg.student.prepare is None:
-        raise RecipeError(f"recipe key 'student.path': {student_path} does not exist and 'student.prepare' is not "
-                          "set (name a model preparation, e.g. tiny or smollm2-135m, or point to a model folder)")
-    return Setup(spec, train_tasks, eval_tasks, eval_split, student_path, teacher_specs)
-
-
 def load_student(model_cfg: ModelConfig, path: Path):
-    """The student model (fp32 on CPU, bf16 on GPU for dtype auto) and its tokenizer; built once by
-    `student.prepare` when the folder does not exist yet."""
+    """The student model (fp32 on CPU, bf16 on GPU for dtype auto) and its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if not path.exists():
-        prepare_model(model_cfg.prepare, path, **model_cfg.prepare_options)
     dtype = {"auto": torch.bfloat16 if torch.cuda.is_available() else torch.float32, "float32": torch.float32,
              "bfloat16": torch.bfloat16, "float16": torch.float16}[model_cfg.dtype]
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype), AutoTokenizer.from_pretrained(path)
@@ -151,8 +132,8 @@ def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: Dept
     }
 
 
-def run_distillation(cfg: RunConfig, resume: str | None = None, dry_run: bool = False) -> dict[str, Any]:
-    setup = check_setup(cfg)
+def run_distillation(cfg: RunConfig, resume: str | None = None) -> dict[str, Any]:
+    setup, _ = check_setup(cfg)  # fails fast, naming the problem: data, splits, models, teacher specs
     run_dir = Path(resume) if resume else new_run_dir(cfg)
     resume_from = ckpt.latest_checkpoint(run_dir) if resume else None
     if resume:
@@ -161,13 +142,14 @@ def run_distillation(cfg: RunConfig, resume: str | None = None, dry_run: bool = 
         check_resume_config(run_dir, cfg)
     rank, world = rank_and_world()
     is_main = rank == 0
-    if dry_run:
-        print(f"recipe OK: env {cfg.env.name} ({len(setup.train_tasks)} train / {len(setup.eval_tasks)} "
-              f"{setup.eval_split} tasks), student {setup.student_path}, teachers "
-              f"{ {env: s.model for env, s in setup.teacher_specs.items()} }, run dir {run_dir}")
-        return {"dry_run": True}
-
     seed_everything(cfg.seed)
+    init_process_group()
+    if is_main:  # models built once, here, before any other rank loads them
+        for spec in setup.teacher_specs.values():
+            build_missing_teacher(spec)
+        if cfg.student.prepare is not None and not setup.student_path.exists():
+            prepare_model(cfg.student.prepare, setup.student_path, **cfg.student.prepare_options)
+    barrier()
     student, tokenizer = load_student(cfg.student, setup.student_path)
     teachers = {env: make_teacher(spec) for env, spec in setup.teacher_specs.items()}
     for env, teacher in teachers.items():

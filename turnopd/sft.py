@@ -51,6 +51,8 @@ from turnopd.config import (
 
 DEMOS_DIR = Path.home() / ".cache" / "turnopd" / "demos"
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
 # ---------------------------------------------------------------------------------------------
 # Recipe
 # ---------------------------------------------------------------------------------------------
@@ -64,6 +66,7 @@ class DemoConfig:
 
 @dataclass
 class SFTEvalConfig:
+    enabled: bool = True  # False: skip the held-out evaluation (a model built as a preparation)
     split: str | None = None  # None: env.eval_split
     max_tasks: int | None = None  # first N tasks of the split (after env.task_types), None: all
 
@@ -106,6 +109,7 @@ class DemoStep:
     observation: str  # what the expert saw before acting
     admissible: list[str] | None
     action: str
+    imitate: bool = True  # False: an exploring expert's deliberate mistake, played but not trained on
 
 
 @dataclass
@@ -175,7 +179,8 @@ def play_experts(spec: EnvSpec, pool: Any, tasks: list[str], max_turns: int) -> 
                 break
             actions = {slot: experts[slot].act(outcomes[slot]) for slot in live}
             for slot, action in actions.items():
-                steps[slot].append(DemoStep(outcomes[slot].observation, outcomes[slot].admissible, action))
+                imitate = not getattr(experts[slot], "exploring", False)
+                steps[slot].append(DemoStep(outcomes[slot].observation, outcomes[slot].admissible, action, imitate))
             outcomes.update(pool.step(actions))
             live = [slot for slot in live if not outcomes[slot].done]
         for slot, task in enumerate(chunk):
@@ -245,12 +250,15 @@ def demo_contexts(demo: Demonstration, env_config: EnvConfig,
 
 
 def demo_examples(demos: list[Demonstration], spec: EnvSpec, env_config: EnvConfig, tokenizer: Any) -> list[SFTExample]:
-    """Every turn of the won demonstrations, rendered as the rollout engine renders a turn."""
+    """Every turn of the won demonstrations (but an exploring expert's mistakes), rendered as the
+    rollout engine renders a turn."""
     from turnopd.rollout.engine import chat_prompt_ids
 
     examples = []
     for demo in (d for d in demos if d.won):
         for ctx, step in demo_contexts(demo, env_config):
+            if not step.imitate:
+                continue
             answer = format_answer(step.action, env_config.answer_format)
             parsed = spec.parse_action(answer)
             if not parsed.valid or parsed.action != step.action:  # the engine's history holds parsed actions
@@ -313,8 +321,9 @@ class SFTResult:
     wall_time_s: float
 
 
-def run_sft(cfg: SFTConfig) -> SFTResult:
-    """Demonstrations -> fine-tuned teacher -> held-out Avg@1 -> teacher spec."""
+def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
+    """Demonstrations -> fine-tuned teacher -> held-out Avg@1 -> teacher spec. `recipe` (the file cfg
+    came from) goes into the spec as its `sft_recipe`, so a checkout without the model rebuilds it."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -369,21 +378,24 @@ def run_sft(cfg: SFTConfig) -> SFTResult:
     del trainer, model
 
     eval_start = time.perf_counter()
-    policy = POLICY_BACKENDS.get(cfg.policy.backend)(str(output), cfg.policy, dtype="float32", seed=cfg.seed)
-    with EnvPool(spec, cfg.env.num_workers, cfg.env.step_timeout_s) as pool:
-        result = evaluate(spec, pool, policy, eval_tasks, split=eval_split, env_config=cfg.env,
-                          policy_config=cfg.policy, k=1, seed=cfg.seed)
-    policy.close()
+    avg_at_1, per_type, mean_turns = float("nan"), {}, float("nan")
+    if cfg.eval.enabled:
+        policy = POLICY_BACKENDS.get(cfg.policy.backend)(str(output), cfg.policy, dtype="float32", seed=cfg.seed)
+        with EnvPool(spec, cfg.env.num_workers, cfg.env.step_timeout_s) as pool:
+            result = evaluate(spec, pool, policy, eval_tasks, split=eval_split, env_config=cfg.env,
+                              policy_config=cfg.policy, k=1, seed=cfg.seed)
+        policy.close()
+        avg_at_1, per_type, mean_turns = result.avg_at_k, result.per_type, result.mean_turns
     eval_time = time.perf_counter() - eval_start
 
-    spec_path = _write_teacher_spec(cfg, output, tokenizer) if cfg.teacher_spec else None
+    spec_path = _write_teacher_spec(cfg, output, tokenizer, recipe) if cfg.teacher_spec else None
     final = [loss for loss, _ in losses[-10:]]
     summary = SFTResult(
         output_dir=str(output), teacher_spec=str(spec_path) if spec_path else None, demos_played=len(demos),
         demos_won=sum(d.won for d in demos), examples=len(examples),
         answer_tokens=sum(len(ex.answer_ids) for ex in examples), steps=len(losses), train_time_s=train_time,
         first_loss=losses[0][0], final_loss=sum(final) / len(final), eval_split=eval_split, eval_tasks=len(eval_tasks),
-        avg_at_1=result.avg_at_k, per_type=result.per_type, eval_mean_turns=result.mean_turns, eval_time_s=eval_time,
+        avg_at_1=avg_at_1, per_type=per_type, eval_mean_turns=mean_turns, eval_time_s=eval_time,
         demo_time_s=demo_time, wall_time_s=time.perf_counter() - wall_start)
     (output / "sft_summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
     print_sft_summary(cfg, summary)
@@ -411,11 +423,12 @@ def _train(trainer: Any, examples: list[SFTExample], cfg: SFTConfig) -> list[tup
     return out
 
 
-def _write_teacher_spec(cfg: SFTConfig, output: Path, tokenizer: Any) -> Path:
+def _write_teacher_spec(cfg: SFTConfig, output: Path, tokenizer: Any, recipe: str | None) -> Path:
     from teachers.spec import TeacherSpec, save_teacher_spec
 
     spec = TeacherSpec(name=f"{cfg.env.name}-{cfg.name}", model=str(output), backend="transformers",
-                       dtype="float32", max_length=int(tokenizer.model_max_length))
+                       dtype="float32", max_length=int(tokenizer.model_max_length),
+                       sft_recipe=str(Path(recipe).resolve()) if recipe else None)
     return save_teacher_spec(spec, cfg.teacher_spec)
 
 
@@ -427,7 +440,31 @@ def print_sft_summary(cfg: SFTConfig, s: SFTResult) -> None:
                   f"({s.demos_won}/{s.demos_played} expert episodes won) in {s.train_time_s:.0f} s; "
                   f"loss {s.first_loss:.3f} -> {s.final_loss:.3f}")
     per_type = ", ".join(f"{k} {100 * v:.1f}%" for k, v in s.per_type.items())
-    console.print(f"held-out Avg@1 on {s.eval_split} ({s.eval_tasks} tasks, greedy): [bold]{100 * s.avg_at_1:.1f}%[/] "
-                  f"({per_type}); mean {s.eval_mean_turns:.1f} turns; eval {s.eval_time_s:.0f} s")
+    if cfg.eval.enabled:
+        console.print(f"held-out Avg@1 on {s.eval_split} ({s.eval_tasks} tasks, greedy): [bold]{100 * s.avg_at_1:.1f}%[/] "
+                      f"({per_type}); mean {s.eval_mean_turns:.1f} turns; eval {s.eval_time_s:.0f} s")
     console.print(f"teacher checkpoint: {s.output_dir}" + (f"; spec: {s.teacher_spec}" if s.teacher_spec else ""))
     console.print(f"wall clock {s.wall_time_s:.0f} s (demonstrations {s.demo_time_s:.0f} s)")
+
+
+def prepare_sft(out_dir: Path, recipe: str, overrides: list[str] | tuple[str, ...] = ()) -> Path:
+    """The model preparation `sft`: the model `turnopd sft RECIPE [overrides]` trains, built into out_dir
+    (atomically) with no teacher spec written and no held-out evaluation. A weaker student is the same
+    recipe with fewer steps (`overrides: [trainer.steps=40]`); a teacher spec's `sft_recipe` builds its
+    teacher this way. A relative recipe path is taken from the working directory, then the repository."""
+    from turnopd.models import building
+
+    recipe_path = resolve_repo_path(recipe)
+    cfg = load_sft_recipe(str(recipe_path), [*overrides, "teacher_spec=null", "eval.enabled=false"])
+    with building(Path(out_dir), {"builder": "sft", "recipe": str(recipe_path), "overrides": list(overrides)}) as tmp:
+        cfg.output_dir = str(tmp)
+        run_sft(cfg)
+    return Path(out_dir)
+
+
+def resolve_repo_path(path: str) -> Path:
+    given = Path(path).expanduser()
+    for candidate in (given, REPO_ROOT / given):
+        if candidate.exists():
+            return candidate.resolve()
+    raise RecipeError(f"SFT recipe {path} not found (looked in the working directory and {REPO_ROOT})")

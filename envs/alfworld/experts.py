@@ -6,20 +6,30 @@
   receptacles from what the observations say, as a model that has never seen the game must. It reads
   the engine's facts (the env sends them in info["facts"] when this expert is selected).
 
-Both assume the command they returned was the one played.
+- `ExplorerExpert`: plays `pick_and_place_simple` and `look_at_obj_in_light` games from the notebook
+  the env option `notes` shows the agent (envs.alfworld.notes), deterministically: take the target
+  object where it is seen, else open the closed receptacle it stands at, else go to the first place
+  not visited yet; once holding the object, put it into the first receptacle of the goal type
+  (opening it if needed), or use the light once seen. It never reads the engine's hidden facts, so
+  every action it takes can be learnt from what the prompt shows.
+
+All assume the command they returned was the one played.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from types import SimpleNamespace
 from typing import Any
 
 from envs.alfworld.game import import_alfworld
+from envs.alfworld.notes import Notebook
 from envs.base import StepOutcome
 
 FALLBACK_COMMAND = "look"  # what ALFWorld's expert wrapper plays when it has nothing better
 HANDCODED_MAX_STEPS = 200  # as alfworld's AlfredExpert wrapper
+EXPLORER_TASK_TYPES = ("pick_and_place_simple", "look_at_obj_in_light")
 
 
 class WalkthroughExpert:
@@ -108,3 +118,76 @@ def _as_put(command: str) -> str:
     """alfworld 0.4's grammar says "move X to Y" where the expert's state tracking still looks for the
     old "put X in/on Y" (it would never see an object leave its hands); show it the old verb."""
     return "put " + command.removeprefix("move ").replace(" to ", " in/on ", 1) if command.startswith("move ") else command
+
+
+def _first(admissible: list[str], pattern: str) -> str | None:
+    """The admissible command matching `pattern` whose object number is lowest (deterministic)."""
+    found = [a for a in admissible if re.fullmatch(pattern, a)]
+    return min(found, key=lambda a: [int(n) for n in re.findall(r"\d+", a)]) if found else None
+
+
+class ExplorerExpert:
+    """Plays one episode from the notebook (see the module docstring)."""
+
+    def __init__(self, task_id: str, noise: float = 0.0, seed: int = 0):
+        params = task_params(task_id)
+        if params["task_type"] not in EXPLORER_TASK_TYPES:
+            raise ValueError(f"the explorer ALFWorld expert plays {', '.join(EXPLORER_TASK_TYPES)}, not "
+                             f"{params['task_type']}; use options.expert=handcoded for the other task types")
+        self.task_type = params["task_type"]
+        self.target = params["object_target"].lower()
+        self.destination = params["parent_target"].lower()
+        self.light = params["toggle_target"].lower()
+        self.notes: Notebook | None = None
+        self.last_command: str | None = None
+        # DART-style noise: with probability `noise` a mistake is played instead (a detour to a random
+        # place, or a command the engine refuses), so that demonstrations show how to recover from one.
+        # `exploring` marks that turn: it is played, not imitated.
+        self.noise = noise
+        self.exploring = False
+        self._rng = random.Random(f"{task_id}:{seed}")
+
+    def act(self, outcome: StepOutcome) -> str:
+        if self.notes is None:
+            self.notes = Notebook.from_first_observation(outcome.observation)
+        else:
+            self.notes.update(self.last_command or "", outcome.observation)
+        command = self._choose(outcome.admissible or [])
+        self.exploring = self._rng.random() < self.noise
+        if self.exploring:
+            command = self._mistake(command, outcome.admissible or [])
+        self.last_command = command
+        return command
+
+    def _mistake(self, command: str, admissible: list[str]) -> str:
+        others = [a for a in admissible if a.startswith("go to ") and a != command]  # a detour
+        if others and self._rng.random() < 0.5:
+            return self._rng.choice(others)
+        return f"go to {self.notes.location}" if self.notes and self.notes.location else "go to nowhere"
+
+    def _choose(self, admissible: list[str]) -> str:
+        notes = self.notes
+        assert notes is not None
+        here = notes.location
+        opened = here is not None and f"close {here}" in admissible
+        if notes.holding is None:
+            take = _first(admissible, rf"take {self.target} \d+ from .+")
+            if take:
+                return take
+            if here is not None and f"open {here}" in admissible and not opened:
+                return f"open {here}"
+            return self._explore(admissible)
+        if self.task_type == "look_at_obj_in_light":
+            return _first(admissible, rf"use {self.light} \d+") or self._explore(admissible)
+        put = _first(admissible, rf"move {re.escape(notes.holding)} to {self.destination} \d+")
+        if put:
+            return put
+        if here is not None and here.split()[0] == self.destination and f"open {here}" in admissible:
+            return f"open {here}"
+        goal = next((r for r in notes.receptacles if r.split()[0] == self.destination), None)
+        return f"go to {goal}" if goal and f"go to {goal}" in admissible else self._explore(admissible)
+
+    def _explore(self, admissible: list[str]) -> str:
+        assert self.notes is not None
+        places = self.notes.not_visited(admissible)
+        return f"go to {places[0]}" if places else FALLBACK_COMMAND

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from envs.alfworld.notes import Notebook
 from envs.base import StepOutcome
 
 # alfworld creates $ALFWORLD_DATA (default ~/.cache/alfworld) on import; keep it in the project's cache.
@@ -56,11 +57,13 @@ class AlfworldEnv:
     are unique across splits). With `facts`, each outcome carries the engine's facts in
     info["facts"] as (predicate, argument names) pairs: alfworld's handcoded expert reads them."""
 
-    def __init__(self, game_dirs: list[Path], facts: bool = False):
+    def __init__(self, game_dirs: list[Path], facts: bool = False, notes: bool = False):
         self.game_dirs = game_dirs
         self.facts = facts
+        self.notes = notes  # append the notebook line (envs.alfworld.notes) to each observation
         self._env: Any = None
         self._admissible: list[str] = []
+        self._notebook: Notebook | None = None
 
     def game_file(self, task_id: str) -> Path:
         for folder in self.game_dirs:
@@ -87,6 +90,9 @@ class AlfworldEnv:
             raise GameLoadError(f"cannot load ALFWorld game {path}: {type(exc).__name__}: {exc}") from exc
         outcome = self._outcome(state, reward=0.0, done=False)
         outcome.info["task"] = goal_of(outcome.observation)
+        if self.notes:
+            self._notebook = Notebook.from_first_observation(outcome.observation)
+            outcome.observation += "\n" + self._notebook.line(outcome.admissible)
         return outcome
 
     def step(self, action: str) -> StepOutcome:
@@ -97,6 +103,9 @@ class AlfworldEnv:
         state, score, done = self._env.step(action)
         outcome = self._outcome(state, reward=float(score), done=bool(done))
         outcome.info["invalid"] = invalid
+        if self._notebook is not None:
+            self._notebook.update(action, outcome.observation)
+            outcome.observation += "\n" + self._notebook.line(outcome.admissible)
         return outcome
 
     def _outcome(self, state: Any, reward: float, done: bool) -> StepOutcome:

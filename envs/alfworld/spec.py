@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from envs.alfworld.experts import HandcodedExpert, WalkthroughExpert
+from envs.alfworld.experts import ExplorerExpert, HandcodedExpert, WalkthroughExpert
 from envs.alfworld.game import GAME_FILE, AlfworldEnv
 from envs.base import (
     Expert,
@@ -33,7 +33,7 @@ TASK_TYPES = (
     "pick_cool_then_place_in_recep",
     "pick_two_obj_and_place",
 )
-EXPERTS = ("walkthrough", "handcoded")
+EXPERTS = ("walkthrough", "handcoded", "explorer")
 
 
 def render_default(ctx: PromptContext) -> str:
@@ -50,7 +50,17 @@ def render_default(ctx: PromptContext) -> str:
     return "\n".join(lines)
 
 
-TEMPLATES: dict[str, Callable[[PromptContext], str]] = {"default": render_default}
+def render_compact(ctx: PromptContext) -> str:
+    """A short prompt for small models: the goal, the last actions, the observation (with the
+    notebook line when the env option `notes` is on); no admissible-action list."""
+    lines = [f"Your task is to: {ctx.task}"]
+    if ctx.history:
+        lines.append("Your last actions: " + "; ".join(action for _, action in ctx.history))
+    lines += [f"Observation: {ctx.observation}", answer_instruction(ctx.answer_format)]
+    return "\n".join(lines)
+
+
+TEMPLATES: dict[str, Callable[[PromptContext], str]] = {"default": render_default, "compact": render_compact}
 
 
 class AlfworldSpec:
@@ -59,7 +69,9 @@ class AlfworldSpec:
     Task ids are game folders relative to their split folder
     ('pick_and_place_simple-Book-None-Desk-308/trial_T20190908_...'), sorted. As ALFWorld's own
     loader, a split leaves out unsolvable games and the 'movable'/'Sliced' task folders.
-    Options: `expert` (walkthrough | handcoded), `expert_seed` (handcoded expert's random choices).
+    Options: `expert` (walkthrough | handcoded | explorer), `expert_seed` (the experts' random
+    choices), `expert_noise` (explorer: share of turns that play a mistake, not imitated), `notes` (append the notebook line to each observation, see envs.alfworld.notes).
+    Templates: `default` (verl-agent's prompt), `compact` (short, for tiny models).
     """
 
     name = "alfworld"
@@ -70,10 +82,11 @@ class AlfworldSpec:
         self.root = resolve_data(DATA_SUBDIR, data_dir)
         self.render_template = select_template(TEMPLATES, config.template, self.name)
         check_known("ALFWorld task types", config.task_types, TASK_TYPES)
-        check_known("alfworld options", config.options, ("expert", "expert_seed"))
+        check_known("alfworld options", config.options, ("expert", "expert_seed", "expert_noise", "notes"))
         self.expert_kind = config.options.get("expert", "walkthrough")
         if self.expert_kind not in EXPERTS:
             raise ValueError(f"unknown alfworld expert {self.expert_kind!r}; allowed: {', '.join(EXPERTS)}")
+        self.notes = bool(config.options.get("notes", False))
         self._tasks: dict[str, list[str]] = {}
 
     def splits(self) -> list[str]:
@@ -104,9 +117,13 @@ class AlfworldSpec:
         return task_id.split("-", 1)[0]
 
     def make(self) -> AlfworldEnv:
-        return AlfworldEnv([self.root / split for split in SPLITS], facts=self.expert_kind == "handcoded")
+        return AlfworldEnv([self.root / split for split in SPLITS], facts=self.expert_kind == "handcoded",
+                           notes=self.notes)
 
     def expert(self, task_id: str) -> Expert:
+        if self.expert_kind == "explorer":
+            return ExplorerExpert(task_id, noise=float(self.config.options.get("expert_noise", 0.0)),
+                                  seed=int(self.config.options.get("expert_seed", 0)))
         if self.expert_kind == "handcoded":
             return HandcodedExpert(task_id, seed=int(self.config.options.get("expert_seed", 0)))
         game = self.make().game_file(task_id)

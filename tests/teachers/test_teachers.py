@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -181,6 +182,40 @@ def test_spec_files(tmp_path, tiny_model_dir):
         load_teacher_spec(tmp_path / "missing.yaml")
     with pytest.raises(FileNotFoundError, match="model directory not found"):
         make_teacher(TeacherSpec(name="gone", model=str(tmp_path / "gone")))
+
+
+def test_spec_with_sft_recipe_builds_its_missing_model_once(tmp_path, tiny_model_dir, monkeypatch):
+    """A spec with `sft_recipe` names a local folder (even while missing) and trains it there with
+    that recipe when it is missing, through the `sft` model preparation (its real run is the
+    quickstart's slow test)."""
+    import turnopd.models as models
+    from teachers import build_missing_teacher
+
+    folder = tmp_path / "teachers" / "alfworld"
+    folder.mkdir(parents=True)
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "teacher_sft.yaml").write_text("name: t\n")
+    (folder / "teacher.yaml").write_text("name: alf\nmodel: ../../runs/alf\nsft_recipe: ../../recipes/teacher_sft.yaml\n")
+    spec = load_teacher_spec(folder / "teacher.yaml")
+    assert spec.model == str(tmp_path / "runs" / "alf")  # not a hub name, although missing
+    assert spec.sft_recipe == str(tmp_path / "recipes" / "teacher_sft.yaml")
+    calls = []
+
+    def fake_sft(out_dir, recipe, overrides=()):
+        calls.append((str(out_dir), recipe))
+        Path(out_dir).mkdir(parents=True)
+        return Path(out_dir)
+
+    monkeypatch.setitem(models.MODEL_PREPARERS._entries, "sft", fake_sft)
+    build_missing_teacher(spec)
+    build_missing_teacher(spec)  # there now: not built again
+    assert calls == [(spec.model, spec.sft_recipe)]
+    # the spec `turnopd sft` writes records the recipe, relative when under the repository
+    saved = save_teacher_spec(spec, tmp_path / "copy.yaml")
+    assert "sft_recipe: " + str(tmp_path / "recipes" / "teacher_sft.yaml") in saved.read_text()
+    (folder / "bad.yaml").write_text("name: a\nmodel: x\nsft_recipe: nowhere.yaml\n")
+    with pytest.raises(TeacherSpecError, match="'sft_recipe': .*nowhere.yaml not found"):
+        load_teacher_spec(folder / "bad.yaml")
 
 
 def test_server_command_for_a_spec():

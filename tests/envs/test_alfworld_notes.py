@@ -1,0 +1,106 @@
+"""The ALFWorld notebook (env option `notes`) and the explorer expert that plays from it."""
+
+from __future__ import annotations
+
+import pytest
+
+from envs import make_env_spec
+from envs.alfworld.experts import ExplorerExpert
+from envs.alfworld.notes import Notebook
+from envs.base import PromptContext, StepOutcome
+from turnopd.config import EnvConfig
+
+FIRST = ("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around "
+         "you, you see a shelf 2, a desk 1, a drawer 1, a shelf 1, and a bed 1.\n\n"
+         "Your task is to: put some book on shelf.")
+LOOK_GAME = "look_at_obj_in_light-AlarmClock-None-DeskLamp-308/trial_T20190908_222917_366542"
+
+
+def test_notebook_by_hand() -> None:
+    notes = Notebook.from_first_observation(FIRST)
+    assert notes.receptacles == ["shelf 2", "desk 1", "drawer 1", "shelf 1", "bed 1"]
+    assert notes.line() == ("[Notes] You are at: the start. You hold: nothing. "
+                            "Not visited: shelf 2, desk 1, drawer 1.")
+    notes.update("go to desk 1", "You arrive at desk 1. On the desk 1, you see a book 2, and a pen 1.")
+    notes.update("go to bed 9", "Nothing happens.")  # refused: nothing changes
+    assert notes.line() == ("[Notes] You are at: desk 1, where you see: book 2, pen 1. You hold: nothing. "
+                            "Not visited: shelf 2, drawer 1, shelf 1.")
+    notes.update("take book 2 from desk 1", "You pick up the book 2 from the desk 1.")
+    assert notes.line() == ("[Notes] You are at: desk 1, where you see: pen 1. You hold: book 2. "
+                            "Not visited: shelf 2, drawer 1, shelf 1.")
+    notes.update("move book 2 to shelf 2", "Nothing happens.")  # not there: still held
+    assert notes.holding == "book 2"
+    notes.update("go to drawer 1", "You arrive at drawer 1. The drawer 1 is closed.")
+    assert notes.line().startswith("[Notes] You are at: drawer 1 (closed). You hold: book 2.")
+    notes.update("open drawer 1", "You open the drawer 1. The drawer 1 is open. In it, you see nothing.")
+    assert notes.line().startswith("[Notes] You are at: drawer 1, where you see: nothing.")
+    notes.update("go to shelf 2", "You arrive at shelf 2. On the shelf 2, you see a vase 1.")
+    notes.update("go to shelf 1", "You arrive at shelf 1. On the shelf 1, you see nothing.")
+    notes.update("move book 2 to shelf 1", "You move the book 2 to the shelf 1.")
+    assert notes.line() == ("[Notes] You are at: shelf 1, where you see: book 2. You hold: nothing. "
+                            "Not visited: bed 1.")
+    # every place visited: the search starts over from the current one
+    notes.update("go to bed 1", "You arrive at bed 1. On the bed 1, you see nothing.")
+    assert notes.not_visited() == ["shelf 2", "desk 1", "drawer 1", "shelf 1"]
+
+
+def outcome(observation: str, admissible: list[str]) -> StepOutcome:
+    return StepOutcome(observation=observation, admissible=admissible)
+
+
+def test_explorer_by_hand() -> None:
+    expert = ExplorerExpert("pick_and_place_simple-Book-None-Shelf-308/trial_T1")
+    go = [f"go to {p}" for p in ("shelf 2", "desk 1", "drawer 1", "shelf 1", "bed 1")]
+    assert expert.act(outcome(FIRST, go)) == "go to shelf 2"  # first place not visited
+    assert expert.act(outcome("You arrive at shelf 2. On the shelf 2, you see nothing.", go)) == "go to desk 1"
+    # the drawer is closed: open it, then look inside
+    assert expert.act(outcome("You arrive at desk 1. On the desk 1, you see a pen 1.", go)) == "go to drawer 1"
+    drawer = [*go, "open drawer 1"]
+    assert expert.act(outcome("You arrive at drawer 1. The drawer 1 is closed.", drawer)) == "open drawer 1"
+    opened = [*go, "close drawer 1", "take book 3 from drawer 1", "take book 2 from drawer 1",
+              "take bookend 1 from drawer 1"]
+    assert expert.act(outcome("You open the drawer 1. In it, you see a book 3, a book 2, a bookend 1.",
+                              opened)) == "take book 2 from drawer 1"  # the lowest-numbered book
+    # holding it: to the first shelf the room listed, then put it there
+    assert expert.act(outcome("You pick up the book 2 from the drawer 1.", go)) == "go to shelf 2"
+    assert expert.act(outcome("You arrive at shelf 2.", [*go, "move book 2 to shelf 2"])) == "move book 2 to shelf 2"
+
+
+def test_explorer_noise_plays_marked_detours() -> None:
+    go = [f"go to {p}" for p in ("shelf 2", "desk 1", "drawer 1", "shelf 1", "bed 1")]
+    noisy = ExplorerExpert("pick_and_place_simple-Book-None-Shelf-308/trial_T1", noise=1.0, seed=3)
+    first = noisy.act(outcome(FIRST, go))
+    assert noisy.exploring and first != "go to shelf 2"  # a mistake: not the expert's choice
+    assert first in go[1:] or first == "go to nowhere"
+    calm = ExplorerExpert("pick_and_place_simple-Book-None-Shelf-308/trial_T1", noise=0.0)
+    assert calm.act(outcome(FIRST, go)) == "go to shelf 2" and not calm.exploring
+    # the same task and seed make the same mistakes
+    again = ExplorerExpert("pick_and_place_simple-Book-None-Shelf-308/trial_T1", noise=1.0, seed=3)
+    assert again.act(outcome(FIRST, go)) == first
+
+
+def test_explorer_refuses_other_task_types() -> None:
+    with pytest.raises(ValueError, match="pick_and_place_simple, look_at_obj_in_light.*handcoded"):
+        ExplorerExpert("pick_two_obj_and_place-Pillow-None-Sofa-219/trial_T2")
+
+
+def test_explorer_wins_a_real_game_from_the_notes() -> None:
+    spec = make_env_spec(EnvConfig(name="alfworld", template="compact", answer_format="action", history_length=0,
+                                   options={"expert": "explorer", "notes": True}))
+    env, expert = spec.make(), spec.expert(LOOK_GAME)
+    step = env.reset(LOOK_GAME)
+    goal = step.info["task"]
+    assert goal == "examine the alarmclock with the desklamp."  # the notes are not in the goal
+    assert step.observation.splitlines()[-1].startswith("[Notes] You are at: the start. You hold: nothing.")
+    actions = []
+    while not step.done and len(actions) < 40:
+        actions.append(expert.act(step))
+        step = env.step(actions[-1])
+        assert step.observation.splitlines()[-1].startswith("[Notes] You are at: ")
+    env.close()
+    assert step.won and actions[-1] == "use desklamp 1"
+    assert not any(a == "look" for a in actions)  # never stuck
+    prompt = spec.render_prompt(PromptContext(task=goal, step=3,
+                                              observation=step.observation, history=[], answer_format="action"))
+    assert prompt.startswith("Your task is to: examine the alarmclock with the desklamp.\nObservation: ")
+    assert prompt.endswith("Present your action for the current step within <action> </action> tags.")

@@ -1,0 +1,126 @@
+"""Dry-run model rules (turnopd.preflight): hub names, vllm_server teachers, bad values."""
+
+from __future__ import annotations
+
+import socket
+from types import SimpleNamespace
+
+import pytest
+
+from teachers.spec import TeacherSpec
+from turnopd.cli import main
+from turnopd.config import ModelConfig, RecipeError
+from turnopd.preflight import check_student, check_teacher, is_hub_name
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a dry run tried to connect: {args}")
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+@pytest.mark.parametrize("name", ["Qwen/Qwen3-1.7B", "Qwen/Qwen3-8B", "meta-llama/Llama-3.1-8B-Instruct",
+                                  "HuggingFaceTB/SmolLM2-135M-Instruct", "a/b", "org_1/model.v2"])
+def test_hub_names(name):
+    assert is_hub_name(name)
+
+
+@pytest.mark.parametrize("name", ["", "gpt2", "runs/teachers/webshop", "../../runs/teachers/webshop", "./model",
+                                  "/abs/model", "~/model/x", "org/", "/name", "org/name/", "a b/c", "org/na me",
+                                  "org--x/y", "org/na..me", "-org/name", "org/name-", "org/" + "x" * 100])
+def test_not_hub_names(name):
+    assert not is_hub_name(name)
+
+
+def test_student_origins(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model").mkdir()
+    assert "local folder" in check_student(ModelConfig(path=str(tmp_path / "model")))
+    note = check_student(ModelConfig(path="Qwen/Qwen3-1.7B"))
+    assert "Hugging Face hub model Qwen/Qwen3-1.7B" in note and "fetched from the hub at run time" in note
+    note = check_student(ModelConfig(path=str(tmp_path / "new"), prepare="tiny"))
+    assert "built by model preparation 'tiny'" in note
+    with pytest.raises(RecipeError, match=r"recipe key 'student\.prepare': 'tinyy' is not a model preparation; allowed: .*tiny"):
+        check_student(ModelConfig(path=str(tmp_path / "new"), prepare="tinyy"))
+
+
+@pytest.mark.parametrize("path", ["runs/typo/model", "./nope", "/no/such/model", "", "model.bin", "runs/student"])
+def test_bad_student_paths_name_the_key(path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model.bin").write_text("x")
+    (tmp_path / "runs").mkdir()  # so runs/student is a missing local folder, not the hub's runs/student
+    with pytest.raises(RecipeError, match=r"recipe key 'student\.path'"):
+        check_student(ModelConfig(path=path))
+
+
+def _spec(**kw) -> TeacherSpec:
+    base = {"name": "t", "model": "Qwen/Qwen3-8B", "backend": "vllm_server", "url": "http://127.0.0.1:8000",
+            "source": "/x/teacher.yaml"}
+    return TeacherSpec(**{**base, **kw})
+
+
+def test_vllm_server_teacher_is_not_contacted(no_network):
+    note = check_teacher(_spec(options={"served_model_name": "Qwen/Qwen3-8B"}))
+    assert "vllm_server http://127.0.0.1:8000 serving 'Qwen/Qwen3-8B'" in note
+    assert "not contacted in a dry run" in note
+    assert "tokenizer from Hugging Face hub model Qwen/Qwen3-8B, fetched from the hub at run time" in note
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8000", "localhost", "ftp://h:1", "http://", "http://h:99999", None])
+def test_bad_teacher_urls_name_the_key(url):
+    with pytest.raises(RecipeError, match=r"teacher spec /x/teacher.yaml: key 'url'"):
+        check_teacher(_spec(url=url))
+
+
+def test_teacher_models(tmp_path):
+    assert "hub model Qwen/Qwen3-8B" in check_teacher(_spec(backend="transformers", url=None))
+    assert "local folder" in check_teacher(_spec(backend="vllm", model=str(tmp_path)))
+    with pytest.raises(RecipeError, match=r"key 'model': '../../runs/teachers/x' is not a local folder \(looked next "
+                                          r"to the spec and under the repository\)"):
+        check_teacher(_spec(backend="transformers", model="../../runs/teachers/x"))
+    with pytest.raises(RecipeError, match=r"key 'tokenizer'"):
+        check_teacher(_spec(tokenizer="./no/such/tokenizer"))
+    # a missing model that the spec's sft_recipe builds (TeacherSpec.sft_recipe, or any object with it)
+    spec = SimpleNamespace(**{**vars(_spec(backend="transformers", model="../../runs/teachers/x")),
+                              "sft_recipe": "recipes/x/teacher_sft.yaml"})
+    assert "built by `turnopd sft recipes/x/teacher_sft.yaml` at run time" in check_teacher(spec)
+
+
+RECIPE = """
+name: hub
+output_dir: {root}/runs
+student: {{path: {student}}}
+teachers: {{search: {root}/teacher.yaml}}
+env: {{name: search, eval_split: test, max_turns: 4, max_tasks: 4}}
+depth: {{h_max: 4}}
+eval: {{max_tasks: 2}}
+"""
+
+SPEC = "name: t8b\nmodel: {model}\nbackend: vllm_server\nurl: {url}\nmax_length: 4096\n"
+
+
+def _dry_run(tmp_path, student="Qwen/Qwen3-1.7B", model="Qwen/Qwen3-8B", url="http://10.0.0.5:8000"):
+    (tmp_path / "teacher.yaml").write_text(SPEC.format(model=model, url=url))
+    (tmp_path / "recipe.yaml").write_text(RECIPE.format(root=tmp_path, student=student))
+    return main(["distill", str(tmp_path / "recipe.yaml"), "--dry-run"])
+
+
+def test_dry_run_of_hub_models_and_a_server_teacher(tmp_path, capsys, no_network):
+    assert _dry_run(tmp_path) == 0
+    out = capsys.readouterr().out
+    assert "recipe OK: env search" in out
+    assert "student: Hugging Face hub model Qwen/Qwen3-1.7B, fetched from the hub at run time" in out
+    assert "vllm_server http://10.0.0.5:8000" in out and "not contacted in a dry run" in out
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"student": "runs/typo/model"}, "recipe key 'student.path'"),
+    ({"url": "10.0.0.5:8000"}, "key 'url'"),
+    ({"model": "../../no/such/teacher"}, "key 'model'"),
+])
+def test_dry_run_fails_on_bad_values(kw, message, tmp_path, capsys, no_network):
+    assert _dry_run(tmp_path, **kw) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err

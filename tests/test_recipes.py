@@ -1,0 +1,145 @@
+"""Every recipe under recipes/ (method fragments aside) composes and validates, and every distill
+recipe passes `turnopd distill --dry-run`, CPU and GPU scale alike: GPU recipes name hub models and
+vllm_server teachers, which the dry run accepts without downloading or contacting anything."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from teachers.spec import TeacherSpec
+from turnopd.cli import main
+from turnopd.config import RunConfig, compose, load_recipe
+from turnopd.sft import SFTConfig, load_sft_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES_DIR = REPO / "recipes"
+RECIPES = sorted(p for p in RECIPES_DIR.rglob("*.yaml") if p.relative_to(RECIPES_DIR).parts[0] != "methods")
+SFT_RECIPES = [p for p in RECIPES if p.name == "teacher_sft.yaml"]
+DISTILL_RECIPES = [p for p in RECIPES if p.name != "teacher_sft.yaml"]
+HAS_SFT_RECIPE = "sft_recipe" in {f.name for f in dataclasses.fields(TeacherSpec)}
+
+
+def _id(path: Path) -> str:
+    return str(path.relative_to(RECIPES_DIR))
+
+
+def _teacher_specs(recipe: Path) -> list[Path]:
+    teachers = compose(recipe).get("teachers") or {}
+    return [p if p.is_absolute() else REPO / p for p in map(Path, teachers.values())]
+
+
+def _needs_sft_recipe(recipe: Path) -> bool:
+    """A recipe whose teacher spec names `sft_recipe` while TeacherSpec has no such field yet."""
+    if HAS_SFT_RECIPE:
+        return False
+    return any(spec.is_file() and "sft_recipe" in OmegaConf.load(spec) for spec in _teacher_specs(recipe))
+
+
+def _name_override(recipe: Path) -> list[str]:
+    """A base fragment may leave `name` to the recipes that extend it."""
+    return [] if "name" in compose(recipe) else [f"name={recipe.parent.name}-{recipe.stem}"]
+
+
+def _params(recipes: list[Path]) -> list:
+    return [pytest.param(r, id=_id(r), marks=[pytest.mark.xfail(strict=False, reason="needs TeacherSpec.sft_recipe")]
+                         if _needs_sft_recipe(r) else []) for r in recipes]
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt to open a connection (a hub download, a teacher server) fails the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a dry run tried to connect: {args}")
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def test_the_recipes_are_found():
+    names = {_id(p) for p in RECIPES}
+    for env in ("webshop", "search"):
+        for name in ("base", "turnopd", "vanilla_opd", "tcod", "teacher_sft"):
+            assert f"{env}/{name}.yaml" in names
+    for env in ("alfworld", "webshop", "search"):
+        for name in ("base", "turnopd", "vanilla_opd", "tcod"):
+            assert f"{env}/gpu/{name}.yaml" in names
+    assert "twx/teacher_sft.yaml" in names
+    assert not any(p.startswith("methods/") for p in names)
+
+
+@pytest.mark.parametrize("recipe", DISTILL_RECIPES, ids=_id)
+def test_show_composes_and_validates(recipe, capsys):
+    overrides = _name_override(recipe)
+    if overrides:
+        assert recipe.name == "base.yaml", f"{recipe} has no name"
+    assert main(["show", str(recipe), *overrides]) == 0, capsys.readouterr().err
+    shown = OmegaConf.create(capsys.readouterr().out)
+    cfg = load_recipe(recipe, overrides)
+    assert isinstance(cfg, RunConfig)
+    assert shown.name == cfg.name and shown.env.name == cfg.env.name
+    assert cfg.env.name in cfg.teachers
+
+
+@pytest.mark.parametrize("recipe", SFT_RECIPES, ids=_id)
+def test_sft_recipes_validate_with_the_sft_loader(recipe, capsys):
+    cfg = load_sft_recipe(str(recipe))
+    assert isinstance(cfg, SFTConfig)
+    assert cfg.output_dir == f"runs/teachers/{cfg.env.name}"
+    assert main(["sft", str(recipe), "--dry-run"]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recipe", _params(DISTILL_RECIPES))
+def test_distill_dry_run_passes(recipe, tmp_path, monkeypatch, capsys, no_network):
+    monkeypatch.chdir(REPO)  # recipes name teacher specs and models relative to the repository
+    rc = main(["distill", str(recipe), "--dry-run", f"output_dir={tmp_path}", *_name_override(recipe)])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "recipe OK" in out
+    if "/gpu/" in str(recipe):
+        assert "fetched from the hub at run time" in out
+        assert "not contacted in a dry run" in out
+
+
+def test_method_recipes_only_name_and_extend():
+    """<env>/<method>.yaml is its base plus the method fragment; only tcod's curriculum interval differs."""
+    for recipe in DISTILL_RECIPES:
+        if recipe.stem not in ("turnopd", "vanilla_opd", "tcod"):
+            continue
+        raw = OmegaConf.load(recipe)
+        methods = "../methods" if recipe.parent.name != "gpu" else "../../methods"
+        assert list(raw.defaults) == ["base.yaml", f"{methods}/{recipe.stem}.yaml"], recipe
+        extra = set(raw) - {"defaults", "name"}
+        assert extra <= ({"depth"} if recipe.stem == "tcod" else set()), (recipe, extra)
+        method = OmegaConf.load(RECIPES_DIR / "methods" / f"{recipe.stem}.yaml")
+        cfg = load_recipe(recipe)
+        assert (cfg.depth.mode, cfg.loss.mode) == (method.depth.mode, method.loss.mode)
+
+
+@pytest.mark.parametrize("env", ["alfworld", "webshop", "search"])
+def test_gpu_recipes_scale_out(env):
+    cfg = load_recipe(RECIPES_DIR / env / "gpu" / "turnopd.yaml")
+    assert cfg.student.path == "Qwen/Qwen3-1.7B" and cfg.student.prepare is None
+    assert cfg.policy.backend == "vllm"
+    assert cfg.trainer.zero_stage == 2 and cfg.trainer.dtype == "bfloat16"
+    assert cfg.depth.h_max == cfg.env.max_turns
+    spec = OmegaConf.load(REPO / cfg.teachers[env])
+    assert spec.backend == "vllm_server" and spec.url.startswith("http")
+
+
+@pytest.mark.parametrize("env", ["webshop", "search"])
+def test_cpu_teacher_specs_name_their_sft_recipe(env):
+    spec = OmegaConf.load(REPO / "teachers" / env / "teacher.yaml")
+    sft_recipe = (REPO / "teachers" / env / spec.sft_recipe).resolve()
+    assert sft_recipe == RECIPES_DIR / env / "teacher_sft.yaml"
+    assert (REPO / "teachers" / env / spec.model).resolve() == REPO / load_sft_recipe(str(sft_recipe)).output_dir
+    cfg, sft = load_recipe(RECIPES_DIR / env / "turnopd.yaml"), load_sft_recipe(str(sft_recipe))
+    # the student plays the prompts the teacher was fine-tuned on
+    for key in ("name", "answer_format", "history_length", "max_turns", "options"):
+        assert getattr(cfg.env, key) == getattr(sft.env, key), key
+    # the student: the same SFT recipe, fewer steps (same tokenizer as the teacher)
+    assert cfg.student.prepare == "sft"
+    assert (REPO / cfg.student.prepare_options["recipe"]).resolve() == sft_recipe
