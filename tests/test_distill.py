@@ -14,6 +14,7 @@ import pytest
 from turnopd.config import RecipeError, load_recipe
 from turnopd.distill import check_resume_config, run_distillation, sample_tasks
 from turnopd.metrics import read_metrics
+from turnopd.preflight import dry_run
 
 RECIPE = """
 name: loop
@@ -56,13 +57,13 @@ def test_sample_tasks_is_a_pure_function_of_seed_step_and_salt():
 
 def test_checks_before_heavy_work(models, tmp_path):
     recipe = models / "recipe.yaml"
-    with pytest.raises(RecipeError, match="'student.path'.*does not exist and 'student.prepare' is not set"):
+    with pytest.raises(RecipeError, match="'student.path'.*is not a local folder.*or set 'student.prepare'"):
         run_distillation(load_recipe(recipe, [f"student.path={tmp_path}/nope"]))
     with pytest.raises(RecipeError, match="split 'train' has 0 tasks and 'valid_seen' has 0 after"):
         run_distillation(load_recipe(recipe, ["env.max_tasks=0"]))
     with pytest.raises(ValueError, match=r"unknown ALFWorld task types \['no_such_type'\]; allowed: pick_and"):
         run_distillation(load_recipe(recipe, ["env.task_types=[no_such_type]"]))
-    assert run_distillation(load_recipe(recipe), dry_run=True) == {"dry_run": True}
+    assert dry_run(load_recipe(recipe))["dry_run"]
 
 
 def test_resume_refuses_a_different_recipe(models, tmp_path):

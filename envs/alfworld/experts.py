@@ -9,9 +9,9 @@
 - `ExplorerExpert`: plays `pick_and_place_simple` and `look_at_obj_in_light` games from the notebook
   the env option `notes` shows the agent (envs.alfworld.notes), deterministically: take the target
   object where it is seen, else open the closed receptacle it stands at, else go to the first place
-  not visited yet; once holding the object, put it into the first receptacle of the goal type
-  (opening it if needed), or use the light once seen. It never reads the engine's hidden facts, so
-  every action it takes can be learnt from what the prompt shows.
+  not visited yet; once holding the object, search again for the light (and use it) or for a
+  receptacle of the goal type (open it if needed, put the object there). It never reads the
+  engine's hidden facts, so every action it takes can be learnt from what the prompt shows.
 
 All assume the command they returned was the one played.
 """
@@ -19,11 +19,9 @@ All assume the command they returned was the one played.
 from __future__ import annotations
 
 import random
-import re
 from types import SimpleNamespace
-from typing import Any
 
-from envs.alfworld.game import import_alfworld
+from envs.alfworld.game import import_alfworld, task_params  # noqa: F401  (task_params: re-exported)
 from envs.alfworld.notes import Notebook
 from envs.base import StepOutcome
 
@@ -42,27 +40,6 @@ class WalkthroughExpert:
             return FALLBACK_COMMAND
         self.played += 1
         return self.walkthrough[self.played - 1]
-
-
-def task_params(task_id: str) -> dict[str, Any]:
-    """ALFRED's pddl_params from the task folder name `<type>-<object>-<movable recep>-<recep>-<scene>`
-    (the 4th field is the light to toggle in look_at_obj_in_light), as alfworld's expert reads them
-    from traj_data.json, which json_2.1.1 game folders do not carry."""
-    import_alfworld()
-    import alfworld.gen.constants as constants
-
-    task_type, obj, mrecep, recep, _scene = task_id.split("/")[0].split("-")
-    sliced = obj.endswith("Sliced")
-    params = {
-        "task_type": task_type,
-        "object_target": obj.removesuffix("Sliced"),
-        "object_sliced": sliced,
-        "mrecep_target": "" if mrecep == "None" else mrecep,
-        "parent_target": "" if task_type == "look_at_obj_in_light" else recep,
-        "toggle_target": recep if task_type == "look_at_obj_in_light" else "",
-    }
-    # alfworld lower-cases the names that are ALFRED object classes (HandCodedAgent.reset)
-    return {k: v.lower() if v in constants.OBJECTS else v for k, v in params.items()}
 
 
 class HandcodedExpert:
@@ -120,12 +97,6 @@ def _as_put(command: str) -> str:
     return "put " + command.removeprefix("move ").replace(" to ", " in/on ", 1) if command.startswith("move ") else command
 
 
-def _first(admissible: list[str], pattern: str) -> str | None:
-    """The admissible command matching `pattern` whose object number is lowest (deterministic)."""
-    found = [a for a in admissible if re.fullmatch(pattern, a)]
-    return min(found, key=lambda a: [int(n) for n in re.findall(r"\d+", a)]) if found else None
-
-
 class ExplorerExpert:
     """Plays one episode from the notebook (see the module docstring)."""
 
@@ -135,9 +106,8 @@ class ExplorerExpert:
             raise ValueError(f"the explorer ALFWorld expert plays {', '.join(EXPLORER_TASK_TYPES)}, not "
                              f"{params['task_type']}; use options.expert=handcoded for the other task types")
         self.task_type = params["task_type"]
-        self.target = params["object_target"].lower()
         self.destination = params["parent_target"].lower()
-        self.light = params["toggle_target"].lower()
+        self.params = params
         self.notes: Notebook | None = None
         self.last_command: str | None = None
         # DART-style noise: with probability `noise` a mistake is played instead (a detour to a random
@@ -149,7 +119,7 @@ class ExplorerExpert:
 
     def act(self, outcome: StepOutcome) -> str:
         if self.notes is None:
-            self.notes = Notebook.from_first_observation(outcome.observation)
+            self.notes = Notebook.for_task(self.params, outcome.observation)
         else:
             self.notes.update(self.last_command or "", outcome.observation)
         command = self._choose(outcome.admissible or [])
@@ -170,22 +140,24 @@ class ExplorerExpert:
         assert notes is not None
         here = notes.location
         opened = here is not None and f"close {here}" in admissible
+        needed = notes.needed_here()  # what the notes line shows: its action can be copied from it
         if notes.holding is None:
-            take = _first(admissible, rf"take {self.target} \d+ from .+")
-            if take:
+            take = f"take {needed} from {here}" if needed else None
+            if take in admissible:
                 return take
             if here is not None and f"open {here}" in admissible and not opened:
                 return f"open {here}"
             return self._explore(admissible)
         if self.task_type == "look_at_obj_in_light":
-            return _first(admissible, rf"use {self.light} \d+") or self._explore(admissible)
-        put = _first(admissible, rf"move {re.escape(notes.holding)} to {self.destination} \d+")
-        if put:
-            return put
-        if here is not None and here.split()[0] == self.destination and f"open {here}" in admissible:
-            return f"open {here}"
-        goal = next((r for r in notes.receptacles if r.split()[0] == self.destination), None)
-        return f"go to {goal}" if goal and f"go to {goal}" in admissible else self._explore(admissible)
+            return f"use {needed}" if needed and f"use {needed}" in admissible else self._explore(admissible)
+        # holding the object: search for a receptacle of the destination type, open it, put it there
+        if here is not None and here.split()[0] == self.destination:
+            put = f"move {notes.holding} to {here}"
+            if put in admissible:
+                return put
+            if f"open {here}" in admissible:
+                return f"open {here}"
+        return self._explore(admissible)
 
     def _explore(self, admissible: list[str]) -> str:
         assert self.notes is not None

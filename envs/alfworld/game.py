@@ -21,6 +21,27 @@ GAME_FILE = "game.tw-pddl"
 TASK_PREFIX = "Your task is to: "
 
 
+def task_params(task_id: str) -> dict[str, Any]:
+    """ALFRED's pddl_params from the task folder name `<type>-<object>-<movable recep>-<recep>-<scene>`
+    (the 4th field is the light to toggle in look_at_obj_in_light), as alfworld's expert reads them
+    from traj_data.json, which json_2.1.1 game folders do not carry."""
+    import_alfworld()
+    import alfworld.gen.constants as constants
+
+    task_type, obj, mrecep, recep, _scene = task_id.split("/")[0].split("-")
+    sliced = obj.endswith("Sliced")
+    params = {
+        "task_type": task_type,
+        "object_target": obj.removesuffix("Sliced"),
+        "object_sliced": sliced,
+        "mrecep_target": "" if mrecep == "None" else mrecep,
+        "parent_target": "" if task_type == "look_at_obj_in_light" else recep,
+        "toggle_target": recep if task_type == "look_at_obj_in_light" else "",
+    }
+    # alfworld lower-cases the names that are ALFRED object classes (HandCodedAgent.reset)
+    return {k: v.lower() if v in constants.OBJECTS else v for k, v in params.items()}
+
+
 class GameLoadError(RuntimeError):
     """A game file that TextWorld cannot load (missing, corrupted or not an ALFWorld game)."""
 
@@ -91,7 +112,7 @@ class AlfworldEnv:
         outcome = self._outcome(state, reward=0.0, done=False)
         outcome.info["task"] = goal_of(outcome.observation)
         if self.notes:
-            self._notebook = Notebook.from_first_observation(outcome.observation)
+            self._notebook = Notebook.for_task(task_params(task_id), outcome.observation)
             outcome.observation += "\n" + self._notebook.line(outcome.admissible)
         return outcome
 

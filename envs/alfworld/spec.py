@@ -9,6 +9,7 @@ from typing import Any
 
 from envs.alfworld.experts import ExplorerExpert, HandcodedExpert, WalkthroughExpert
 from envs.alfworld.game import GAME_FILE, AlfworldEnv
+from envs.alfworld.notes import NOTES_PREFIX
 from envs.base import (
     Expert,
     ParsedAction,
@@ -60,7 +61,21 @@ def render_compact(ctx: PromptContext) -> str:
     return "\n".join(lines)
 
 
-TEMPLATES: dict[str, Callable[[PromptContext], str]] = {"default": render_default, "compact": render_compact}
+def render_notebook(ctx: PromptContext) -> str:
+    """The shortest prompt, for tiny models: the goal, the last actions and the notebook line alone
+    (the env option `notes`; it holds what the explorer expert acts on)."""
+    notes = [line for line in ctx.observation.splitlines() if line.startswith(NOTES_PREFIX)]
+    if not notes:
+        raise ValueError("the alfworld template 'notebook' shows the notebook line: set the env option notes: true")
+    lines = [f"Your task is to: {ctx.task}"]
+    if ctx.history:
+        lines.append("Your last actions: " + "; ".join(action for _, action in ctx.history))
+    lines += [notes[-1], answer_instruction(ctx.answer_format)]
+    return "\n".join(lines)
+
+
+TEMPLATES: dict[str, Callable[[PromptContext], str]] = {
+    "default": render_default, "compact": render_compact, "notebook": render_notebook}
 
 
 class AlfworldSpec:
@@ -71,7 +86,8 @@ class AlfworldSpec:
     loader, a split leaves out unsolvable games and the 'movable'/'Sliced' task folders.
     Options: `expert` (walkthrough | handcoded | explorer), `expert_seed` (the experts' random
     choices), `expert_noise` (explorer: share of turns that play a mistake, not imitated), `notes` (append the notebook line to each observation, see envs.alfworld.notes).
-    Templates: `default` (verl-agent's prompt), `compact` (short, for tiny models).
+    Templates: `default` (verl-agent's prompt), `compact` (short), `notebook` (the goal and the
+    notebook line only, for tiny models).
     """
 
     name = "alfworld"

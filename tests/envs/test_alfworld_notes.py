@@ -16,31 +16,39 @@ FIRST = ("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room
 LOOK_GAME = "look_at_obj_in_light-AlarmClock-None-DeskLamp-308/trial_T20190908_222917_366542"
 
 
+BOOK_ON_SHELF = {"task_type": "pick_and_place_simple", "object_target": "book", "object_sliced": False,
+                 "mrecep_target": "", "parent_target": "shelf", "toggle_target": ""}
+
+
 def test_notebook_by_hand() -> None:
-    notes = Notebook.from_first_observation(FIRST)
+    notes = Notebook.for_task(BOOK_ON_SHELF, FIRST)
     assert notes.receptacles == ["shelf 2", "desk 1", "drawer 1", "shelf 1", "bed 1"]
-    assert notes.line() == ("[Notes] You are at: the start. You hold: nothing. "
+    assert notes.line() == ("[Notes] You are at: the start. Needed here: nothing. You hold: nothing. "
                             "Not visited: shelf 2, desk 1, drawer 1.")
-    notes.update("go to desk 1", "You arrive at desk 1. On the desk 1, you see a book 2, and a pen 1.")
+    assert notes.line(admissible=["go to desk 1", "go to bed 1"]) == (  # only places it can go to
+        "[Notes] You are at: the start. Needed here: nothing. You hold: nothing. Not visited: desk 1, bed 1.")
+    notes.update("go to desk 1", "You arrive at desk 1. On the desk 1, you see a book 3, a book 2, and a pen 1.")
     notes.update("go to bed 9", "Nothing happens.")  # refused: nothing changes
-    assert notes.line() == ("[Notes] You are at: desk 1, where you see: book 2, pen 1. You hold: nothing. "
-                            "Not visited: shelf 2, drawer 1, shelf 1.")
+    assert notes.line() == ("[Notes] You are at: desk 1. Needed here: book 2. You hold: nothing. "
+                            "Not visited: shelf 2, drawer 1, shelf 1.")  # the lowest-numbered book
     notes.update("take book 2 from desk 1", "You pick up the book 2 from the desk 1.")
-    assert notes.line() == ("[Notes] You are at: desk 1, where you see: pen 1. You hold: book 2. "
-                            "Not visited: shelf 2, drawer 1, shelf 1.")
+    # holding it, the search starts over (now for a shelf)
+    assert notes.line() == ("[Notes] You are at: desk 1. Needed here: nothing. You hold: book 2. "
+                            "Not visited: shelf 2, shelf 1, drawer 1.")  # shelves first now
     notes.update("move book 2 to shelf 2", "Nothing happens.")  # not there: still held
     assert notes.holding == "book 2"
     notes.update("go to drawer 1", "You arrive at drawer 1. The drawer 1 is closed.")
-    assert notes.line().startswith("[Notes] You are at: drawer 1 (closed). You hold: book 2.")
+    assert notes.line().startswith("[Notes] You are at: drawer 1 (closed). Needed here: nothing. You hold: book 2.")
     notes.update("open drawer 1", "You open the drawer 1. The drawer 1 is open. In it, you see nothing.")
-    assert notes.line().startswith("[Notes] You are at: drawer 1, where you see: nothing.")
-    notes.update("go to shelf 2", "You arrive at shelf 2. On the shelf 2, you see a vase 1.")
-    notes.update("go to shelf 1", "You arrive at shelf 1. On the shelf 1, you see nothing.")
+    assert notes.line().startswith("[Notes] You are at: drawer 1. Needed here: nothing.")
+    notes.update("go to shelf 1", "You arrive at shelf 1. On the shelf 1, you see a vase 1.")
     notes.update("move book 2 to shelf 1", "You move the book 2 to the shelf 1.")
-    assert notes.line() == ("[Notes] You are at: shelf 1, where you see: book 2. You hold: nothing. "
-                            "Not visited: bed 1.")
+    assert notes.here == ["vase 1", "book 2"] and notes.holding is None
+    assert notes.line() == ("[Notes] You are at: shelf 1*. Needed here: book 2. You hold: nothing. "
+                            "Not visited: shelf 2, bed 1.")  # a shelf is the goal's kind
+    for place in ("shelf 2", "bed 1"):
+        notes.update(f"go to {place}", f"You arrive at {place}. On the {place}, you see nothing.")
     # every place visited: the search starts over from the current one
-    notes.update("go to bed 1", "You arrive at bed 1. On the bed 1, you see nothing.")
     assert notes.not_visited() == ["shelf 2", "desk 1", "drawer 1", "shelf 1"]
 
 
@@ -61,9 +69,10 @@ def test_explorer_by_hand() -> None:
               "take bookend 1 from drawer 1"]
     assert expert.act(outcome("You open the drawer 1. In it, you see a book 3, a book 2, a bookend 1.",
                               opened)) == "take book 2 from drawer 1"  # the lowest-numbered book
-    # holding it: to the first shelf the room listed, then put it there
+    # holding it: search again for a shelf, then put it there
     assert expert.act(outcome("You pick up the book 2 from the drawer 1.", go)) == "go to shelf 2"
-    assert expert.act(outcome("You arrive at shelf 2.", [*go, "move book 2 to shelf 2"])) == "move book 2 to shelf 2"
+    assert expert.act(outcome("You arrive at shelf 2. On the shelf 2, you see nothing.",
+                              [*go, "move book 2 to shelf 2"])) == "move book 2 to shelf 2"
 
 
 def test_explorer_noise_plays_marked_detours() -> None:
@@ -91,16 +100,32 @@ def test_explorer_wins_a_real_game_from_the_notes() -> None:
     step = env.reset(LOOK_GAME)
     goal = step.info["task"]
     assert goal == "examine the alarmclock with the desklamp."  # the notes are not in the goal
-    assert step.observation.splitlines()[-1].startswith("[Notes] You are at: the start. You hold: nothing.")
+    assert step.observation.splitlines()[-1].startswith("[Notes] You are at: the start. Needed here: nothing.")
+    marked = []
     actions = []
     while not step.done and len(actions) < 40:
         actions.append(expert.act(step))
         step = env.step(actions[-1])
         assert step.observation.splitlines()[-1].startswith("[Notes] You are at: ")
+        marked += [w for w in ("Needed here: alarmclock", "Needed here: desklamp") if w in step.observation]
     env.close()
     assert step.won and actions[-1] == "use desklamp 1"
     assert not any(a == "look" for a in actions)  # never stuck
+    assert list(dict.fromkeys(marked)) == ["Needed here: alarmclock", "Needed here: desklamp"]  # the object, then the lamp
     prompt = spec.render_prompt(PromptContext(task=goal, step=3,
                                               observation=step.observation, history=[], answer_format="action"))
     assert prompt.startswith("Your task is to: examine the alarmclock with the desklamp.\nObservation: ")
     assert prompt.endswith("Present your action for the current step within <action> </action> tags.")
+
+
+def test_notebook_template_shows_the_goal_last_action_and_notes_line() -> None:
+    spec = make_env_spec(EnvConfig(name="alfworld", template="notebook", answer_format="action"))
+    observation = "You arrive at desk 1. On the desk 1, you see a book 2.\n" + (
+        "[Notes] You are at: desk 1. Needed here: book 2. You hold: nothing. Not visited: shelf 1.")
+    prompt = spec.render_prompt(PromptContext(task="put some book on shelf.", step=4, observation=observation,
+                                              history=[("...", "go to desk 1")], answer_format="action"))
+    assert prompt == ("Your task is to: put some book on shelf.\nYour last actions: go to desk 1\n"
+                      "[Notes] You are at: desk 1. Needed here: book 2. You hold: nothing. Not visited: shelf 1.\n"
+                      "Present your action for the current step within <action> </action> tags.")
+    with pytest.raises(ValueError, match="'notebook' shows the notebook line: set the env option notes: true"):
+        spec.render_prompt(PromptContext(task="t", step=0, observation="You arrive at desk 1.", history=[]))
