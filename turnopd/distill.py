@@ -190,6 +190,10 @@ def run_distillation(cfg: RunConfig, resume: str | None = None) -> dict[str, Any
             tb = SummaryWriter(str(run_dir / "tensorboard"))
 
     def log_eval(result: EvalResult, step: int, kind: str = "eval") -> None:
+        if is_main:
+            who = "teacher" if kind == "teacher_eval" else f"student at step {step}"
+            print(f"{who}: Avg@{result.k} {100 * result.avg_at_k:.1f}% on {result.num_tasks} {result.split} tasks "
+                  f"(mean {result.mean_turns:.1f} turns)", flush=True)
         if writer is not None:
             writer.write({"kind": kind, "step": step, "train_time_s": ledger.train_time(),
                           "eval_time_s": ledger.step_phases.get("eval", 0.0), **result.record()})

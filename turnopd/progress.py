@@ -40,10 +40,14 @@ class StepProgress:
         if not self.enabled:
             return
         step_time = sum(record["phases"].values()) or 1e-9
-        self._progress.update(
-            self._task, completed=record["step"], cap=record["rollout_depth_cap"], alpha=f"{record['alpha']:.2f}",
-            success=f"{record['success_rate']:.2f}", kl=f"{record['mean_kl']:.3f}",
-            tps=f"{(record['tokens_generated'] + record['tokens_trained']) / step_time:.0f}")
+        fields = dict(cap=record["rollout_depth_cap"], alpha=f"{record['alpha']:.2f}",
+                      success=f"{record['success_rate']:.2f}", kl=f"{record['mean_kl']:.3f}",
+                      tps=f"{(record['tokens_generated'] + record['tokens_trained']) / step_time:.0f}")
+        self._progress.update(self._task, completed=record["step"], **fields)
+        if not console.is_terminal:  # a log file gets a line per step instead of a redrawn bar
+            console.print(f"step {record['step']}/{self._progress.tasks[0].total}: " +
+                          ", ".join(f"{k} {v}" for k, v in fields.items()) +
+                          f", {record['wall_time_s']:.0f} s")
 
     def close(self) -> None:
         if self.enabled:

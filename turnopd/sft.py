@@ -443,7 +443,7 @@ def print_sft_summary(cfg: SFTConfig, s: SFTResult) -> None:
     if cfg.eval.enabled:
         console.print(f"held-out Avg@1 on {s.eval_split} ({s.eval_tasks} tasks, greedy): [bold]{100 * s.avg_at_1:.1f}%[/] "
                       f"({per_type}); mean {s.eval_mean_turns:.1f} turns; eval {s.eval_time_s:.0f} s")
-    console.print(f"teacher checkpoint: {s.output_dir}" + (f"; spec: {s.teacher_spec}" if s.teacher_spec else ""))
+    console.print(f"checkpoint: {s.output_dir}" + (f"; teacher spec: {s.teacher_spec}" if s.teacher_spec else ""))
     console.print(f"wall clock {s.wall_time_s:.0f} s (demonstrations {s.demo_time_s:.0f} s)")
 
 
