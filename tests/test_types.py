@@ -53,3 +53,8 @@ def test_top_k_rows_land_on_their_tokens():
     assert batch.teacher_topk_ids.tolist() == [[0, 0], [2, 5], [3, 5]]
     assert batch.teacher_topk_logprobs[0].tolist() == [float("-inf")] * 2
     assert batch.teacher_topk_logprobs[2].tolist() == pytest.approx([-0.4, -1.5])
+
+
+def test_a_batch_of_no_trajectories_has_no_sequences():
+    batch = build_token_batch([])
+    assert (batch.num_tokens, batch.num_action_tokens, batch.sequences()) == (0, 0, [])

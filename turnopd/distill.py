@@ -142,14 +142,15 @@ def run_distillation(cfg: RunConfig, resume: str | None = None) -> dict[str, Any
         check_resume_config(run_dir, cfg)
     rank, world = rank_and_world()
     is_main = rank == 0
-    seed_everything(cfg.seed)
-    init_process_group()
+    if world > 1:
+        init_process_group()  # for the barrier below (one process joins it later, in the Trainer)
     if is_main:  # models built once, here, before any other rank loads them
         for spec in setup.teacher_specs.values():
             build_missing_teacher(spec)
         if cfg.student.prepare is not None and not setup.student_path.exists():
             prepare_model(cfg.student.prepare, setup.student_path, **cfg.student.prepare_options)
     barrier()
+    seed_everything(cfg.seed)  # after the builds, which draw random numbers of their own
     student, tokenizer = load_student(cfg.student, setup.student_path)
     teachers = {env: make_teacher(spec) for env, spec in setup.teacher_specs.items()}
     for env, teacher in teachers.items():

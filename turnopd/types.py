@@ -126,7 +126,7 @@ class TokenBatch:
     def sequences(self) -> list[slice]:
         """Slices of the flat tensors, one per sequence."""
         ends = torch.cumsum(self.seq_lens, 0).tolist()
-        starts = [0, *ends[:-1]]
+        starts = [0, *ends[:-1]] if ends else []
         return [slice(s, e) for s, e in zip(starts, ends, strict=True)]
 
 
