@@ -131,3 +131,25 @@ def test_run_records_then_kill_and_resume_continue_exactly(models):
         assert rb["rollout_depth_cap"] == ra["rollout_depth_cap"]
     # the training clock continues from the checkpoint instead of restarting at zero
     assert train_b[2]["train_time_s"] > train_b[1]["train_time_s"]
+
+
+@pytest.mark.slow
+def test_data_parallel_under_torchrun(models):
+    """Two gloo processes under torchrun: one run folder, a step's episodes split between the ranks
+    (episodes_per_step is global), evaluation tasks sharded and gathered."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)  # this process may have joined a one-process group of its own
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "turnopd.cli",
+                          "distill", str(models / "recipe.yaml"), "name=dp", "checkpoint.every=2"],
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    records = read_metrics(models / "runs" / "dp" / "metrics.jsonl")
+    assert records[0]["world_size"] == 2
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3, 4]
+    # probes (num_probes 2) at steps 2 and 4 (probe_every 2), rollouts (episodes_per_step 2) otherwise
+    assert [r["episodes"] for r in train] == [2, 2, 2, 2]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [(r["step"], r["num_tasks"]) for r in evals] == [(0, 1), (4, 1)]
+    assert sorted(p.name for p in (models / "runs" / "dp" / "checkpoints").iterdir()) == ["step_000002", "step_000004"]

@@ -101,10 +101,11 @@ def seed_everything(seed: int) -> None:
 def run_eval(cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Policy, step: int, ledger: Ledger) -> EvalResult:
     """Avg@k on this rank's share of the eval tasks, combined over ranks."""
     rank, world = rank_and_world()
-    local = evaluate(setup.spec, pool, policy, setup.eval_tasks[rank::world], split=setup.eval_split,
-                     env_config=cfg.env, policy_config=cfg.policy, k=cfg.eval.k,
-                     temperature=cfg.eval.temperature, seed=cfg.seed + step)
-    episodes = [e for part in gather_objects([EpisodeSummary.of(t) for t in local.trajectories]) for e in part]
+    shard = setup.eval_tasks[rank::world]  # empty on the last ranks when there are fewer tasks than ranks
+    local = evaluate(setup.spec, pool, policy, shard, split=setup.eval_split, env_config=cfg.env,
+                     policy_config=cfg.policy, k=cfg.eval.k, temperature=cfg.eval.temperature,
+                     seed=cfg.seed + step).trajectories if shard else []
+    episodes = [e for part in gather_objects([EpisodeSummary.of(t) for t in local]) for e in part]
     overall, per_type = avg_at_k(episodes, cfg.eval.k)
     return EvalResult(setup.eval_split, cfg.eval.k, overall, per_type, len(setup.eval_tasks),
                       sum(e.depth for e in episodes) / len(episodes))
