@@ -36,3 +36,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from turnopd.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", TINY_CORPUS, seed=0, **TINY_MODEL_SIZE)
+
+
+def loop_models(root: Path, tiny_model_dir: Path, recipe: str) -> Path:
+    """In `root`: a student differently initialized from the session's tiny model but sharing its
+    tokenizer, a teacher spec of the tiny model, and recipe.yaml (`recipe` with {root} filled in)."""
+    from turnopd.models.tiny import build_tiny_model
+
+    build_tiny_model(root / "student", tokenizer=tiny_model_dir, **TINY_MODEL_SIZE, seed=7)
+    (root / "teacher.yaml").write_text(f"name: tiny-teacher\nmodel: {tiny_model_dir}\nbackend: transformers\n"
+                                       "dtype: float32\nmax_length: 1024\n")
+    (root / "recipe.yaml").write_text(recipe.format(root=root))
+    return root
+

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import loop_models
 from turnopd.config import RecipeError, load_recipe
 from turnopd.distill import check_resume_config, run_distillation, sample_tasks
 from turnopd.metrics import read_metrics
@@ -35,15 +36,7 @@ tensorboard: false
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, tiny_model_dir):
     """A teacher (the session's tiny model) and a differently-initialized student sharing its tokenizer."""
-    from turnopd.models.tiny import build_tiny_model
-
-    root = tmp_path_factory.mktemp("loop")
-    build_tiny_model(root / "student", tokenizer=tiny_model_dir, hidden_size=64, num_layers=2, num_heads=2,
-                     max_position_embeddings=1024, seed=7)
-    (root / "teacher.yaml").write_text(f"name: tiny-teacher\nmodel: {tiny_model_dir}\nbackend: transformers\n"
-                                       "dtype: float32\nmax_length: 1024\n")
-    (root / "recipe.yaml").write_text(RECIPE.format(root=root))
-    return root
+    return loop_models(tmp_path_factory.mktemp("loop"), tiny_model_dir, RECIPE)
 
 
 def test_sample_tasks_is_a_pure_function_of_seed_step_and_salt():

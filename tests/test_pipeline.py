@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import loop_models
 from tests.trainer.helpers import reference_loss, reference_token_logprobs
 from turnopd.config import RecipeError, load_recipe
 from turnopd.ledger import Ledger
@@ -179,15 +180,7 @@ def test_asynchronous_k1_needs_a_ratio_clip(recipe):
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, tiny_model_dir):
     """A teacher (the session's tiny model) and a differently-initialized student sharing its tokenizer."""
-    from turnopd.models.tiny import build_tiny_model
-
-    root = tmp_path_factory.mktemp("pipeline")
-    build_tiny_model(root / "student", tokenizer=tiny_model_dir, hidden_size=64, num_layers=2, num_heads=2,
-                     max_position_embeddings=1024, seed=7)
-    (root / "teacher.yaml").write_text(f"name: tiny-teacher\nmodel: {tiny_model_dir}\nbackend: transformers\n"
-                                       "dtype: float32\nmax_length: 1024\n")
-    (root / "recipe.yaml").write_text(RECIPE.format(root=root))
-    return root
+    return loop_models(tmp_path_factory.mktemp("pipeline"), tiny_model_dir, RECIPE)
 
 
 # Set in this process by the trainers the tests build here (rank 0 of 1, a port of its own): a run in a

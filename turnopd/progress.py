@@ -18,6 +18,12 @@ from rich.table import Table
 console = Console()
 
 
+def progress_bar(label: str, fields: str, **kwargs: Any) -> Progress:
+    """A rich bar: label, bar, k/N, the task's `fields` (a format string), elapsed and ETA."""
+    return Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn(fields),
+                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), **kwargs)
+
+
 class StepProgress:
     """step k/K, depth cap, alpha, training success, tokens/s, elapsed and ETA."""
 
@@ -25,13 +31,9 @@ class StepProgress:
         self.enabled = enabled
         if not enabled:
             return
-        self._progress = Progress(
-            TextColumn("[bold]distill"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("cap {task.fields[cap]} | alpha {task.fields[alpha]} | success {task.fields[success]} | "
-                       "kl {task.fields[kl]} | {task.fields[tps]} tok/s"),
-            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-            console=console,
-        )
+        self._progress = progress_bar(
+            "distill", "cap {task.fields[cap]} | alpha {task.fields[alpha]} | success {task.fields[success]} | "
+                       "kl {task.fields[kl]} | {task.fields[tps]} tok/s", console=console)
         self._task = self._progress.add_task("distill", total=total_steps, completed=start_step, cap="-",
                                              alpha="-", success="-", kl="-", tps="-")
         self._progress.start()

@@ -27,14 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import MISSING
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from envs.base import EnvSpec, PromptContext, format_answer
 from turnopd.config import (
@@ -48,6 +40,7 @@ from turnopd.config import (
     compose,
     validate,
 )
+from turnopd.progress import progress_bar
 
 DEMOS_DIR = Path.home() / ".cache" / "turnopd" / "demos"
 
@@ -127,11 +120,6 @@ class Demonstration:
         return cls(**raw)
 
 
-def _progress(label: str, fields: str) -> Progress:
-    return Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn(fields),
-                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-
-
 def demo_tasks(spec: EnvSpec, split: str, n: int, seed: int = 0) -> list[str]:
     """n tasks of a split, round-robin over its task types, each type's tasks in a seeded random
     order: any prefix is a uniform sample of every type (split orders group similar tasks, e.g.
@@ -205,7 +193,7 @@ def collect_demonstrations(spec: EnvSpec, env_config: EnvConfig, split: str, epi
         print(f"playing the {env_config.name} expert on {len(missing)} {split} tasks "
               f"({len(tasks) - len(missing)} cached in {path})", flush=True)
         path.parent.mkdir(parents=True, exist_ok=True)
-        progress = _progress("demos", "won {task.fields[won]}")
+        progress = progress_bar("demos", "won {task.fields[won]}")
         with progress, EnvPool(spec, env_config.num_workers, env_config.step_timeout_s) as pool, \
                 path.open("a") as cache:
             bar = progress.add_task("demos", total=len(missing), won=0)
@@ -406,7 +394,7 @@ def _train(trainer: Any, examples: list[SFTExample], cfg: SFTConfig) -> list[tup
     """The optimizer steps, with a progress bar; returns (loss, seconds) per step."""
     out: list[tuple[float, float]] = []
     log_every = max(1, cfg.trainer.steps // 10)
-    progress = _progress("sft", "loss {task.fields[loss]} | {task.fields[tps]} tok/s")
+    progress = progress_bar("sft", "loss {task.fields[loss]} | {task.fields[tps]} tok/s")
     with progress:
         bar = progress.add_task("sft", total=cfg.trainer.steps, loss="-", tps="-")
         for indices in batches(len(examples), cfg.batch_turns, cfg.trainer.steps, cfg.seed):

@@ -116,17 +116,10 @@ def play(args: argparse.Namespace) -> int:
 def expert(args: argparse.Namespace) -> int:
     """The env's expert plays N tasks of a split through the env pool."""
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
     from rich.table import Table
 
     from envs.pool import EnvPool
+    from turnopd.progress import progress_bar
     from turnopd.sft import play_experts
 
     spec, config = _env_spec(args)
@@ -135,9 +128,7 @@ def expert(args: argparse.Namespace) -> int:
     won: dict[str, list[bool]] = defaultdict(list)
     turns: dict[str, list[int]] = defaultdict(list)
     start = time.perf_counter()
-    progress = Progress(TextColumn(f"[bold]{spec.name} expert"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("won {task.fields[won]}"), TimeElapsedColumn(), TextColumn("ETA"),
-                        TimeRemainingColumn())
+    progress = progress_bar(f"{spec.name} expert", "won {task.fields[won]}")
     with progress, EnvPool(spec, workers, config.step_timeout_s) as pool:
         bar = progress.add_task("episodes", total=len(tasks), won=0)
         for demo in play_experts(spec, pool, tasks, config.max_turns):
