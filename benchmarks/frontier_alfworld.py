@@ -2,7 +2,7 @@
 alone, progressive loss alone), on real ALFWorld games, same models, seeds and optimizer steps.
 
     python benchmarks/frontier_alfworld.py                     # 1 seed, the cpu recipe (tiny models)
-    python benchmarks/frontier_alfworld.py --seeds 3 trainer.steps=32
+    python benchmarks/frontier_alfworld.py --seeds 3 trainer.steps=96
 
 It is `turnopd sweep recipes/alfworld/turnopd.yaml` over the five methods (train games for rollouts,
 valid_unseen for Avg@1; the student and teacher of recipes/alfworld/base.yaml, built on first use),
@@ -27,7 +27,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--methods", default=METHODS)
-    p.add_argument("--eval-every", type=int, default=8)
+    p.add_argument("--eval-every", type=int, default=16)
     p.add_argument("--out-dir", default="runs/frontier_alfworld")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides for every run")
     args = p.parse_args()

@@ -69,6 +69,9 @@ class PromptContext:
 class EnvSpec(Protocol):
     name: str
     default_max_turns: int
+    # Bump when the observation text changes (e.g. a new notebook line): expert demonstrations cached
+    # with the old text are then played again instead of silently trained on (turnopd.sft).
+    observation_version: str
 
     def splits(self) -> list[str]: ...
     def tasks(self, split: str) -> list[str]: ...  # deterministic order

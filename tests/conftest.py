@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,11 @@ def loop_models(root: Path, tiny_model_dir: Path, recipe: str) -> Path:
     (root / "recipe.yaml").write_text(recipe.format(root=root))
     return root
 
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt to open a connection (a hub download, a teacher server) fails the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a dry run tried to connect: {args}")
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)

@@ -21,6 +21,7 @@ from turnopd.frontier import (
     phase_shares,
     speedup,
     time_to_reach,
+    turn_kl_bands,
 )
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -197,6 +198,19 @@ def test_mean_depth_and_deep_turn_share(tmp_path: Path):
     assert (row.mean_cap, row.mean_turns, row.deep_turn_share) == (10, 7.5, 0.25)
 
 
+def test_turn_kl_bands_average_the_profiles_per_band_of_turns(tmp_path: Path):
+    # step 1 reached turns 0-4, step 2 turns 0-1; bands of 2 turns:
+    # [0, 2): (0.1 + 0.3 + 0.5 + 0.7) / 4 = 0.4; [2, 4): (0.2 + 0.4) / 2 = 0.3; [4, 6): 0.9
+    run_dir = write_run(tmp_path, "r", method="turnopd", total_steps=2, train=[(1, 1.0), (2, 2.0)], evals=[])
+    run = load_run(run_dir)
+    run.train[0]["turn_kl_profile"] = [0.1, 0.3, 0.2, 0.4, 0.9]
+    run.train[1]["turn_kl_profile"] = [0.5, 0.7]
+    assert turn_kl_bands([run], 2) == pytest.approx([0.4, 0.3, 0.9])
+    assert turn_kl_bands([run], 10) == pytest.approx([(0.1 + 0.3 + 0.2 + 0.4 + 0.9 + 0.5 + 0.7) / 7])
+    run.train[1]["turn_kl_profile"] = None  # a record without a profile (an older run) counts for nothing
+    assert turn_kl_bands([run], 2) == pytest.approx([0.2, 0.3, 0.9])
+
+
 def test_a_folder_without_metrics_is_named(tmp_path: Path):
     (tmp_path / "sweep" / "x-s0").mkdir(parents=True)
     (tmp_path / "sweep" / "x-s0" / "metrics.jsonl").write_text("")
@@ -243,7 +257,7 @@ def test_frontier_command_prints_markdown_and_writes_the_png(cadence_runs, tmp_p
     out = tmp_path / "plots" / "f.png"
     assert main(["frontier", *map(str, cadence_runs), "--md", "--out", str(out), "--baseline", "a"]) == 0
     text = capsys.readouterr().out
-    accuracy, cost = markdown_tables(text)
+    accuracy, cost, turn_kl = markdown_tables(text)
     # final, Same-Step (step 17), Least-Time (68 s) in %, from the cadence_runs fixture; B is in progress
     assert accuracy["a"][5:8] == ["70.0", "30.0", "10.0"]
     assert accuracy["b"][3] == "17/30 (in progress)"
@@ -251,6 +265,7 @@ def test_frontier_command_prints_markdown_and_writes_the_png(cadence_runs, tmp_p
     # A's final 70% is first reached at 300 s; B never reaches it
     assert accuracy["a"][8:] == ["5.0 min", "1.00x"] and accuracy["b"][8:] == ["not reached", "not reached"]
     assert set(cost) == {"a", "b"}
+    assert set(turn_kl) == {"a", "b"}  # the fixture's records carry no per-turn KL
     assert "step-wise interpolation" in text
     assert out.read_bytes().startswith(PNG_MAGIC) and out.stat().st_size > 10_000
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from types import SimpleNamespace
 
 import pytest
@@ -11,14 +10,6 @@ from teachers.spec import TeacherSpec
 from turnopd.cli import main
 from turnopd.config import ModelConfig, RecipeError
 from turnopd.preflight import check_student, check_teacher, is_hub_name
-
-
-@pytest.fixture
-def no_network(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"a dry run tried to connect: {args}")
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
 
 
 @pytest.mark.parametrize("name", ["Qwen/Qwen3-1.7B", "Qwen/Qwen3-8B", "meta-llama/Llama-3.1-8B-Instruct",

@@ -66,6 +66,7 @@ class WalkExpert:
 class WalkSpec:
     name = "walk"
     default_max_turns = 10
+    observation_version = "1"
 
     def tasks(self, split: str) -> list[str]:
         return [f"{kind}-{n}" for kind in ("near", "far") for n in ((1, 2) if kind == "near" else (3, 4))]
@@ -236,11 +237,13 @@ def test_batches_cover_each_example_once_per_epoch() -> None:
 def test_demo_cache_depends_on_episodes_not_on_prompt_settings() -> None:
     base = EnvConfig(name="alfworld", options={"expert": "handcoded"})
     same = EnvConfig(name="alfworld", options={"expert": "handcoded"}, history_length=0, answer_format="action")
-    assert demo_cache_path(base, "train") == demo_cache_path(same, "train")
-    assert demo_cache_path(base, "train") != demo_cache_path(base, "valid_seen")
-    assert demo_cache_path(base, "train") != demo_cache_path(EnvConfig(name="alfworld"), "train")
-    assert demo_cache_path(base, "train") != demo_cache_path(EnvConfig(name="alfworld", max_turns=20,
-                                                                       options={"expert": "handcoded"}), "train")
+    assert demo_cache_path(base, "train", "1") == demo_cache_path(same, "train", "1")
+    assert demo_cache_path(base, "train", "1") != demo_cache_path(base, "valid_seen", "1")
+    assert demo_cache_path(base, "train", "1") != demo_cache_path(EnvConfig(name="alfworld"), "train", "1")
+    assert demo_cache_path(base, "train", "1") != demo_cache_path(
+        EnvConfig(name="alfworld", max_turns=20, options={"expert": "handcoded"}), "train", "1")
+    # a new observation text (the env spec's observation_version) is not served the old episodes
+    assert demo_cache_path(base, "train", "1") != demo_cache_path(base, "train", "2")
 
 
 # ---- training: the loss is the NLL of answer tokens only ------------------------------------------

@@ -48,6 +48,7 @@ ACCURACY_TOLERANCE = 1e-9
 # config.yaml keys that differ between the seeds of one recipe, so they do not split a group.
 PER_RUN_CONFIG_KEYS = ("name", "seed", "output_dir")
 DEFAULT_BASELINE_METHOD = "vanilla_opd"
+TURN_BAND = 10  # turns per band of the per-turn KL table
 
 
 class FrontierError(ValueError):
@@ -277,6 +278,25 @@ def mean_of_field(runs: Sequence[Run], key: str) -> float | None:
     return statistics.fmean(numbers) if numbers else None
 
 
+def turn_kl_bands(runs: Sequence[Run], width: int) -> list[float]:
+    """The per-turn KL profile in bands of `width` turns (turns [0, width), [width, 2 width), ...):
+    for band b, the mean over the runs' train records of their `turn_kl_profile` entries t with
+    b * width <= t < (b + 1) * width (an entry is turn t's mean KL over the trajectories that
+    reached it). As many bands as the deepest profile needs."""
+    sums: list[float] = []
+    counts: list[int] = []
+    for run in runs:
+        for record in run.train:
+            for t, kl in enumerate(record.get("turn_kl_profile") or []):
+                band = t // width
+                if band >= len(sums):
+                    sums += [0.0] * (band + 1 - len(sums))
+                    counts += [0] * (band + 1 - len(counts))
+                sums[band] += kl
+                counts[band] += 1
+    return [s / n if n else math.nan for s, n in zip(sums, counts, strict=True)]
+
+
 # ---- groups and the comparison ----------------------------------------------------------------------
 
 
@@ -356,6 +376,7 @@ class GroupSummary:
     deep_turn_share: float | None
     eval_time_s: float  # mean per seed
     phase_shares: dict[str, float] = field(default_factory=dict)
+    turn_kl_bands: list[float] = field(default_factory=list)  # turn_kl_bands(members, TURN_BAND)
 
 
 @dataclass
@@ -398,5 +419,6 @@ def compare(runs: Sequence[Run], baseline: str | None = None) -> Comparison:
             deep_turn_share=mean_of_field(members, "deep_turn_share"),
             eval_time_s=statistics.fmean(run.eval_time_s for run in members),
             phase_shares=phase_shares(members),
+            turn_kl_bands=turn_kl_bands(members, TURN_BAND),
         ))
     return Comparison(rows, base, step_point, time_point, fastest.name, target, base_time)

@@ -143,11 +143,11 @@ def demo_tasks(spec: EnvSpec, split: str, n: int, seed: int = 0) -> list[str]:
     return out
 
 
-def demo_cache_path(env_config: EnvConfig, split: str) -> Path:
-    """One JSON-lines file per (env, split, max_turns, env options): the episodes do not depend on the
-    prompt settings, which are applied when they are rendered."""
-    key = json.dumps({"split": split, "max_turns": env_config.max_turns, "options": env_config.options},
-                     sort_keys=True, default=str)
+def demo_cache_path(env_config: EnvConfig, split: str, observation_version: str) -> Path:
+    """One JSON-lines file per (env, split, max_turns, env options, the env spec's observation_version):
+    the episodes do not depend on the prompt settings, which are applied when they are rendered."""
+    key = json.dumps({"split": split, "max_turns": env_config.max_turns, "options": env_config.options,
+                      "observation": observation_version}, sort_keys=True, default=str)
     return DEMOS_DIR / env_config.name / f"{split}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.jsonl"
 
 
@@ -182,7 +182,7 @@ def collect_demonstrations(spec: EnvSpec, env_config: EnvConfig, split: str, epi
     from envs.pool import EnvPool
 
     tasks = demo_tasks(spec, split, episodes, seed)
-    path = demo_cache_path(env_config, split)
+    path = demo_cache_path(env_config, split, spec.observation_version)
     cached: dict[str, Demonstration] = {}
     if path.is_file():
         for line in path.read_text().splitlines():
@@ -443,7 +443,9 @@ def prepare_sft(out_dir: Path, recipe: str, overrides: list[str] | tuple[str, ..
     from turnopd.models import building
 
     recipe_path = resolve_repo_path(recipe)
-    cfg = load_sft_recipe(str(recipe_path), [*overrides, "teacher_spec=null", "eval.enabled=false"])
+    # named after its folder: its summary line says which model was built (a student, not the recipe's teacher)
+    cfg = load_sft_recipe(str(recipe_path), [*overrides, f"name={Path(out_dir).name}", "teacher_spec=null",
+                                             "eval.enabled=false"])
     with building(Path(out_dir), {"builder": "sft", "recipe": str(recipe_path), "overrides": list(overrides)}) as tmp:
         cfg.output_dir = str(tmp)
         run_sft(cfg)

@@ -92,6 +92,7 @@ class AlfworldSpec:
 
     name = "alfworld"
     default_max_turns = 50
+    observation_version = "2"  # 2: the notebook line (options.notes) searches destinations first
 
     def __init__(self, config: Any, data_dir: str | None = None):
         self.config = config

@@ -90,6 +90,7 @@ class SearchSpec:
 
     name = "search"
     default_max_turns = 4
+    observation_version = "1"
 
     def __init__(self, config: Any, data_dir: str | None = None):
         self.config = config

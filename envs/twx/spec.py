@@ -75,6 +75,7 @@ class TwxSpec:
 
     name = "twx"
     default_max_turns = 50
+    observation_version = "1"
 
     def __init__(self, config: Any, data_dir: str | None = None):
         # data_dir is not used: the engine generates its games from seeds

@@ -110,6 +110,7 @@ class WebShopSpec:
 
     name = "webshop"
     default_max_turns = 15  # verl-agent's WebShop episode length
+    observation_version = "1"
 
     def __init__(self, config: Any, data_dir: str | None = None):
         self.config = config

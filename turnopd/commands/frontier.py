@@ -7,6 +7,7 @@ folders, prints the tables (rich, or markdown with --md) and draws the PNG.
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from collections.abc import Sequence
@@ -16,7 +17,17 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from turnopd.frontier import Axis, Comparison, FrontierError, MeanSpread, Run, compare, load_run, pareto_front
+from turnopd.frontier import (
+    TURN_BAND,
+    Axis,
+    Comparison,
+    FrontierError,
+    MeanSpread,
+    Run,
+    compare,
+    load_run,
+    pareto_front,
+)
 from turnopd.sweep import DEFAULT_LAUNCHER, SweepError, command_for, execute_sweep, plan_sweep, run_state
 
 INTERPOLATION_NOTE = "step-wise interpolation: between evaluations, the last evaluation's Avg@k"
@@ -108,6 +119,18 @@ def cost_table(cmp: Comparison) -> tuple[str, list[str], Rows]:
     return "Rollout depth, deep-turn loss share and training clock per ledger phase", headers, rows
 
 
+def turn_kl_table(cmp: Comparison) -> tuple[str, list[str], Rows]:
+    """Each group's teacher-student KL per band of turns: where along the episode the signal is."""
+    bands = max((len(row.turn_kl_bands) for row in cmp.rows), default=0)
+    headers = ["run", *(f"turns {b * TURN_BAND + 1}-{(b + 1) * TURN_BAND}" for b in range(bands))]
+
+    def cell(kls: list[float], band: int) -> str:
+        return f"{kls[band]:.3f}" if band < len(kls) and math.isfinite(kls[band]) else "–"
+
+    rows = [[row.group.label, *(cell(row.turn_kl_bands, b) for b in range(bands))] for row in cmp.rows]
+    return "Teacher-student KL per action token, by turn (mean of the per-turn KL profiles)", headers, rows
+
+
 def notes(cmp: Comparison, runs: Sequence[Run]) -> list[str]:
     splits = sorted({run.split for run in runs if run.split})
     lines = [
@@ -137,7 +160,7 @@ def _markdown(headers: list[str], rows: Rows) -> str:
 
 
 def print_report(cmp: Comparison, runs: Sequence[Run], md: bool) -> None:
-    tables = [accuracy_table(cmp, runs), cost_table(cmp)]
+    tables = [accuracy_table(cmp, runs), cost_table(cmp), turn_kl_table(cmp)]
     if md:
         for title, headers, rows in tables:
             print(f"**{title}**\n\n{_markdown(headers, rows)}\n")
