@@ -9,8 +9,9 @@ valid_unseen for Avg@1; the student and teacher of recipes/alfworld/base.yaml, b
 with an evaluation every `--eval-every` steps so that the frontier has points between start and end,
 followed by `turnopd frontier` on the runs (markdown tables, and the plot in
 runs/frontier_alfworld/frontier_alfworld-frontier.png). The runs stay in --out-dir: `turnopd
-frontier runs/frontier_alfworld/*` regenerates every figure from them alone, and an interrupted
-sweep resumes where it stopped.
+frontier runs/frontier_alfworld/*/` regenerates every figure from them alone, and an interrupted
+sweep resumes where it stopped. The runs the README reports are saved in
+benchmarks/results/frontier_alfworld/ (metrics and configs).
 """
 
 from __future__ import annotations
