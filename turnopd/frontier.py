@@ -30,6 +30,7 @@ import json
 import math
 import statistics
 import warnings
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -283,18 +284,12 @@ def turn_kl_bands(runs: Sequence[Run], width: int) -> list[float]:
     for band b, the mean over the runs' train records of their `turn_kl_profile` entries t with
     b * width <= t < (b + 1) * width (an entry is turn t's mean KL over the trajectories that
     reached it). As many bands as the deepest profile needs."""
-    sums: list[float] = []
-    counts: list[int] = []
+    by_band: dict[int, list[float]] = defaultdict(list)
     for run in runs:
         for record in run.train:
             for t, kl in enumerate(record.get("turn_kl_profile") or []):
-                band = t // width
-                if band >= len(sums):
-                    sums += [0.0] * (band + 1 - len(sums))
-                    counts += [0] * (band + 1 - len(counts))
-                sums[band] += kl
-                counts[band] += 1
-    return [s / n if n else math.nan for s, n in zip(sums, counts, strict=True)]
+                by_band[t // width].append(kl)
+    return [statistics.fmean(by_band[b]) if by_band[b] else math.nan for b in range(max(by_band, default=-1) + 1)]
 
 
 # ---- groups and the comparison ----------------------------------------------------------------------
