@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,6 +121,53 @@ def test_walkthrough_wins_a_real_game(spec) -> None:
     # won, with reward 1, only on the last step
     assert [(won, reward) for *_, won, reward in played] == [(False, 0.0)] * 3 + [(True, 1.0)]
     assert outcome.done
+
+
+FAST_TEXT_TASK_TYPES = ["look_at_obj_in_light", "pick_and_place_simple"]
+
+
+def play_random(task_ids: list[str], turns: int) -> list[list]:
+    """Every observation, admissible list and outcome of seeded random admissible play (notebook on)."""
+    env = alfworld(task_types=FAST_TEXT_TASK_TYPES, options={"notes": True}).make()
+    rng = random.Random(0)
+    seen = []
+    for task_id in task_ids:
+        outcome = env.reset(task_id)
+        seen.append([outcome.observation, outcome.admissible])
+        for _ in range(turns):
+            action = rng.choice(outcome.admissible)
+            outcome = env.step(action)
+            seen.append([action, outcome.observation, outcome.admissible, outcome.reward, outcome.done, outcome.won])
+            if outcome.done:
+                break
+    env.close()
+    return seen
+
+
+def test_fast_text_generation_writes_the_same_text(tmp_path: Path) -> None:
+    """envs.alfworld.game memoizes TextWorld's grammar parsers and copies derivation contexts one level
+    deep: every feedback and admissible command must be what TextWorld's own generator writes (played
+    in a process where the fast generator is not installed), on games of both cpu task types."""
+    from textworld.envs.pddl import textgen
+
+    tasks = alfworld(task_types=FAST_TEXT_TASK_TYPES).tasks("valid_unseen")
+    task_ids = tasks[:2] + tasks[-2:]
+    assert {task_id.split("-")[0] for task_id in task_ids} == set(FAST_TEXT_TASK_TYPES)
+    fast = play_random(task_ids, turns=25)
+    assert hasattr(textgen.copy_context, "__wrapped__")  # the env installed it in this process
+    original_file = tmp_path / "original.json"
+    script = ("import json, sys\n"
+              "import envs.alfworld.game as game\n"
+              "game._speed_up_text_generation = lambda: None\n"
+              "from textworld.envs.pddl import textgen\n"
+              "from tests.envs.test_alfworld import play_random\n"
+              f"seen = play_random({task_ids!r}, turns=25)\n"
+              "assert not hasattr(textgen.copy_context, '__wrapped__')\n"
+              f"json.dump(seen, open({str(original_file)!r}, 'w'))\n")
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=Path(__file__).parents[2])
+    original = json.loads(original_file.read_text())
+    assert len(fast) > 60
+    assert json.loads(json.dumps(fast)) == original
 
 
 def test_invalid_actions_do_nothing(spec) -> None:
