@@ -36,9 +36,10 @@ def play_side(side: str, task_types: list[str] | None, games: int, turns: int, d
     from turnopd.config import EnvConfig
 
     config = EnvConfig(name="alfworld", options={"notes": True}, **({"task_types": task_types} if task_types else {}))
-    held_out = make_env_spec(config, data_dir).tasks("valid_unseen")
+    spec = make_env_spec(config, data_dir)
+    held_out = spec.tasks("valid_unseen")
     task_ids = held_out[:: max(1, len(held_out) // games)][:games]  # spread over task types and scenes
-    env = make_env_spec(config, data_dir).make()
+    env = spec.make()
     rng = random.Random(0)
     texts, step_s, reset_s, steps = [], 0.0, 0.0, 0
     for task_id in task_ids:
