@@ -144,6 +144,19 @@ def check_split(env: str, split: str, splits: Sequence[str]) -> None:
         raise ValueError(f"unknown {env} split {split!r}; allowed: {', '.join(splits)}")
 
 
+def split_tasks(spec: EnvSpec, splits: str) -> list[str]:
+    """The tasks of `splits`: one split name, or several joined by '+' (e.g. 'valid_unseen+valid_seen'),
+    their tasks in that order. Task ids are unique across an env's splits, so any worker plays any."""
+    names = [name.strip() for name in splits.split("+")]
+    for name in names:
+        if name not in spec.splits():
+            raise ValueError(f"unknown {spec.name} split {name!r} in {splits!r}; allowed: {', '.join(spec.splits())} "
+                             "(or several joined by '+')")
+    if len(set(names)) < len(names):
+        raise ValueError(f"split {splits!r} names a split twice")
+    return [task for name in names for task in spec.tasks(name)]
+
+
 def select_tasks(tasks: Iterable[str], task_type: Callable[[str], str], config: Any) -> list[str]:
     """A split's tasks (in their order) of the env config's `task_types` (all when empty), cut to its
     `max_tasks` (None: all)."""

@@ -92,10 +92,10 @@ eval: {{max_tasks: 2}}
 SPEC = "name: t8b\nmodel: {model}\nbackend: vllm_server\nurl: {url}\nmax_length: 4096\n"
 
 
-def _dry_run(tmp_path, student="Qwen/Qwen3-1.7B", model="Qwen/Qwen3-8B", url="http://10.0.0.5:8000"):
+def _dry_run(tmp_path, student="Qwen/Qwen3-1.7B", model="Qwen/Qwen3-8B", url="http://10.0.0.5:8000", overrides=()):
     (tmp_path / "teacher.yaml").write_text(SPEC.format(model=model, url=url))
     (tmp_path / "recipe.yaml").write_text(RECIPE.format(root=tmp_path, student=student))
-    return main(["distill", str(tmp_path / "recipe.yaml"), "--dry-run"])
+    return main(["distill", str(tmp_path / "recipe.yaml"), *overrides, "--dry-run"])
 
 
 def test_dry_run_of_hub_models_and_a_server_teacher(tmp_path, capsys, no_network):
@@ -104,12 +104,18 @@ def test_dry_run_of_hub_models_and_a_server_teacher(tmp_path, capsys, no_network
     assert "recipe OK: env search" in out
     assert "student: Hugging Face hub model Qwen/Qwen3-1.7B, fetched from the hub at run time" in out
     assert "vllm_server http://10.0.0.5:8000" in out and "not contacted in a dry run" in out
+    # several held-out splits joined by '+': their tasks one after the other, then eval.max_tasks
+    assert _dry_run(tmp_path, overrides=["env.eval_split=test+train", "eval.max_tasks=null"]) == 0
+    assert "(4 train / 8 test+train tasks)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("kw", "message"), [
     ({"student": "runs/typo/model"}, "recipe key 'student.path'"),
     ({"url": "10.0.0.5:8000"}, "key 'url'"),
     ({"model": "../../no/such/teacher"}, "key 'model'"),
+    ({"overrides": ["env.eval_split=test+tset"]}, "recipe key 'env.eval_split': unknown search split 'tset' in 'test+tset'"),
+    ({"overrides": ["eval.split=test+test"]}, "recipe key 'eval.split': split 'test+test' names a split twice"),
+    ({"overrides": ["env.train_split=valid"]}, "recipe key 'env.train_split': unknown search split 'valid'"),
 ])
 def test_dry_run_fails_on_bad_values(kw, message, tmp_path, capsys, no_network):
     assert _dry_run(tmp_path, **kw) == 2

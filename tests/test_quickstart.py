@@ -34,4 +34,7 @@ def test_quickstart_runs_end_to_end(tmp_path: Path) -> None:
     assert (run / "frontier.png").stat().st_size > 10_000
     # the setup the quickstart needs: a teacher better than the student on the held-out games
     assert teacher["avg_at_k"] > before["avg_at_k"]
-    assert teacher["num_tasks"] == before["num_tasks"] == after["num_tasks"] == 18  # the held-out look_at games
+    assert teacher["num_tasks"] == before["num_tasks"] == after["num_tasks"] == 50  # the held-out look_at games
+    # and what it shows: distillation raises the student's held-out success (measured here: 34% -> 40%,
+    # 3 games of 50; seeds 1 and 2 rose by 8 and 9 games, see the README)
+    assert after["avg_at_k"] > before["avg_at_k"]

@@ -68,6 +68,9 @@ class WalkSpec:
     default_max_turns = 10
     observation_version = "1"
 
+    def splits(self) -> list[str]:
+        return ["train"]
+
     def tasks(self, split: str) -> list[str]:
         return [f"{kind}-{n}" for kind in ("near", "far") for n in ((1, 2) if kind == "near" else (3, 4))]
 

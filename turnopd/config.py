@@ -48,7 +48,7 @@ def _policy_backends() -> list[str]:
 class EnvConfig:
     name: str = field(default="alfworld", metadata={"choices": _env_names})
     train_split: str = "train"
-    eval_split: str = "valid_unseen"
+    eval_split: str = "valid_unseen"  # held-out split; several joined by "+" (e.g. valid_unseen+valid_seen)
     max_turns: int = field(default=50, metadata=_range(1))
     history_length: int = field(default=2, metadata=_range(0))
     # prompt template and answer format of the env's prompt (see envs/base.py)

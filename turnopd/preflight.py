@@ -113,6 +113,16 @@ def check_teacher(spec: Any) -> str:
         raise RecipeError(where + str(exc).replace("recipe key", "key")) from None
 
 
+def recipe_split_tasks(spec: Any, splits: str, key: str) -> list[str]:
+    """envs.base.split_tasks, with an unknown split reported as the recipe key that named it."""
+    from envs.base import split_tasks
+
+    try:
+        return split_tasks(spec, splits)
+    except ValueError as exc:
+        raise RecipeError(f"recipe key {key!r}: {exc}") from None
+
+
 def check_setup(cfg: RunConfig) -> tuple[Any, list[str]]:
     """turnopd.distill.check_setup with the model rules above: (Setup, notes on where each model
     comes from). Loads no model and contacts no server."""
@@ -121,9 +131,10 @@ def check_setup(cfg: RunConfig) -> tuple[Any, list[str]]:
     from turnopd.distill import Setup
 
     spec = make_env_spec(cfg.env, cfg.data_dir)
-    train_tasks = spec.tasks(cfg.env.train_split)
     eval_split = cfg.eval.split or cfg.env.eval_split
-    eval_tasks = spec.tasks(eval_split)[: cfg.eval.max_tasks]
+    train_tasks = recipe_split_tasks(spec, cfg.env.train_split, "env.train_split")
+    eval_tasks = recipe_split_tasks(spec, eval_split, "eval.split" if cfg.eval.split else "env.eval_split")
+    eval_tasks = eval_tasks[: cfg.eval.max_tasks]
     if not train_tasks or not eval_tasks:
         raise RecipeError(f"env {cfg.env.name!r}: split {cfg.env.train_split!r} has {len(train_tasks)} tasks and "
                           f"{eval_split!r} has {len(eval_tasks)} after env.task_types/max_tasks; both need some")

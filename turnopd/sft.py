@@ -28,7 +28,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from envs.base import EnvSpec, PromptContext, format_answer
+from envs.base import EnvSpec, PromptContext, format_answer, split_tasks
 from turnopd.config import (
     EnvConfig,
     LossConfig,
@@ -40,6 +40,7 @@ from turnopd.config import (
     compose,
     validate,
 )
+from turnopd.preflight import recipe_split_tasks
 from turnopd.progress import progress_bar
 
 DEMOS_DIR = Path.home() / ".cache" / "turnopd" / "demos"
@@ -125,7 +126,7 @@ def demo_tasks(spec: EnvSpec, split: str, n: int, seed: int = 0) -> list[str]:
     order: any prefix is a uniform sample of every type (split orders group similar tasks, e.g.
     ALFWorld's sort by object, so taking the first ones would leave whole object classes out)."""
     by_type: dict[str, list[str]] = {}
-    for task in spec.tasks(split):
+    for task in split_tasks(spec, split):
         by_type.setdefault(spec.task_type(task), []).append(task)
     rng = random.Random(seed)
     queues = []
@@ -326,9 +327,11 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
     spec = make_env_spec(cfg.env, cfg.data_dir)
     split = cfg.demos.split or cfg.env.train_split
     eval_split = cfg.eval.split or cfg.env.eval_split
-    eval_tasks = spec.tasks(eval_split)[: cfg.eval.max_tasks]
-    if not spec.tasks(split) or not eval_tasks:
-        raise RecipeError(f"env {cfg.env.name!r}: split {split!r} has {len(spec.tasks(split))} tasks and {eval_split!r} "
+    train_tasks = recipe_split_tasks(spec, split, "demos.split" if cfg.demos.split else "env.train_split")
+    eval_tasks = recipe_split_tasks(spec, eval_split, "eval.split" if cfg.eval.split else "env.eval_split")
+    eval_tasks = eval_tasks[: cfg.eval.max_tasks]
+    if not train_tasks or not eval_tasks:
+        raise RecipeError(f"env {cfg.env.name!r}: split {split!r} has {len(train_tasks)} tasks and {eval_split!r} "
                           f"has {len(eval_tasks)} after env.task_types/eval.max_tasks; both need some")
     model_dir = Path(cfg.model.path).expanduser()
     # one figure for both: a tiny model's tokenizer is trained on the same expert episodes, so

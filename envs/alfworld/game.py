@@ -10,11 +10,16 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import pickle
+import zlib
+from collections.abc import Callable
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 from envs.alfworld.notes import Notebook
 from envs.base import StepOutcome
+from envs.cache import cache_root, content_key
 
 # alfworld creates $ALFWORLD_DATA (default ~/.cache/alfworld) on import; keep it in the project's cache.
 ALFWORLD_CACHE = Path.home() / ".cache" / "turnopd" / "alfworld"
@@ -52,19 +57,47 @@ def import_alfworld() -> None:
     os.environ.setdefault("ALFWORLD_DATA", str(ALFWORLD_CACHE))
     import alfworld.agents.environment.alfred_tw_env  # noqa: F401
 
-    _memoize_pddl_translation()
+    _cache_game_loading()
     _speed_up_text_generation()
 
 
-def _memoize_pddl_translation() -> None:
-    """TextWorld translates a game's PDDL to SAS four times per episode start (twice on load, twice
-    again on reset; ~1 s each) although the translation is a pure function of (domain, problem,
-    optimize). Cache it in this worker: an episode start then translates twice, and a replay of
-    the same game not at all. The cached task is only read by TextWorld's PddlState."""
+def _cache_game_loading() -> None:
+    """Loading a game costs TextWorld ~1.3 s: it translates the game's PDDL to SAS four times
+    (twice on load, twice again on reset; ~0.6 s each) and parses the game's logic and grammar with
+    tatsu (~0.1 s). Both are pure functions of their text. Cache them on disk for every worker and
+    later run (the translation also in this worker's memory; the parsed logic is unpickled fresh per
+    load, since TextWorld writes into its grammar): a game is then translated and parsed once per
+    machine, and loads in ~0.1 s. The cached translation is only read by TextWorld's PddlState."""
     import fast_downward
+    from textworld.envs.pddl import logic
 
-    if not hasattr(fast_downward.pddl2sas, "cache_info"):
-        fast_downward.pddl2sas = functools.lru_cache(maxsize=64)(fast_downward.pddl2sas)
+    if hasattr(fast_downward.pddl2sas, "cache_info"):
+        return
+    fast_downward.pddl2sas = functools.lru_cache(maxsize=256)(_cached_on_disk(fast_downward.pddl2sas, "pddl2sas"))
+    logic._parse_and_convert = _cached_on_disk(logic._parse_and_convert, "game-logic")
+
+
+def _cached_on_disk(function: Callable, name: str) -> Callable:
+    """`function`, a pure function of its (repr-able) arguments, with each result kept as a
+    zlib-compressed pickle (tens of kB) under the project cache, in a folder per installed engine."""
+    engine = "-".join(f"{dist}-{version(dist)}" for dist in ("textworld", "fast_downward_textworld"))
+    folder = cache_root() / "alfworld-games" / engine / name
+
+    @functools.wraps(function)
+    def cached(*args, **kwargs):
+        path = folder / f"{content_key(repr(args), repr(sorted(kwargs.items())))}.pkl.z"
+        try:
+            return pickle.loads(zlib.decompress(path.read_bytes()))
+        except (OSError, zlib.error, pickle.UnpicklingError, EOFError):
+            pass  # not cached yet, or unreadable: compute it (again)
+        result = function(*args, **kwargs)
+        folder.mkdir(parents=True, exist_ok=True)
+        scratch = path.with_name(f".{path.name}.{os.getpid()}")
+        scratch.write_bytes(zlib.compress(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL), level=1))
+        os.replace(scratch, path)  # atomic: a reader sees the whole file or none
+        return result
+
+    return cached
 
 
 def _speed_up_text_generation() -> None:
@@ -75,7 +108,7 @@ def _speed_up_text_generation() -> None:
     contexts into its symbols). And copy a context's `variables` and `mapping` one level deep: their
     values are entity records and PDDL variables that the grammar only reads (`o.name`,
     `r.indefinite`). The text is the same character for character (tests/envs/test_alfworld.py) and
-    a step 16-17x faster (benchmarks/alfworld_textgen.py). The originals stay as `__wrapped__`."""
+    a step 16-17x faster (benchmarks/alfworld_engine.py). The originals stay as `__wrapped__`."""
     from textworld.envs.pddl import textgen
     from textworld.logic import Rule
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ from envs import ENVS, make_env_spec
 from envs.alfworld.experts import _as_put, task_params
 from envs.alfworld.game import GameLoadError
 from envs.alfworld.spec import DATA_SUBDIR, TASK_TYPES
-from envs.base import PromptContext
+from envs.base import PromptContext, split_tasks
 from envs.pool import EnvPool
 from turnopd.config import EnvConfig
 from turnopd.data import DataNotFoundError, resolve_data
@@ -82,6 +83,17 @@ def test_unknown_split(spec) -> None:
         spec.tasks("test")
 
 
+def test_several_splits_joined_by_plus(spec) -> None:
+    joined = split_tasks(spec, "valid_seen + valid_unseen")
+    assert len(joined) == 140 + 134
+    assert joined[:140] == spec.tasks("valid_seen") and joined[140:] == spec.tasks("valid_unseen")
+    assert split_tasks(spec, "train") == spec.tasks("train")
+    with pytest.raises(ValueError, match="unknown alfworld split 'test' in 'valid_seen\\+test'; allowed: train, "):
+        split_tasks(spec, "valid_seen+test")
+    with pytest.raises(ValueError, match="names a split twice"):
+        split_tasks(spec, "valid_seen+valid_seen")
+
+
 def test_missing_data_says_where_it_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # hide every default data root (cwd/../shared/data, the repo's ../shared/data, the user cache)
     monkeypatch.delenv("TURNOPD_DATA", raising=False)
@@ -144,30 +156,41 @@ def play_random(task_ids: list[str], turns: int) -> list[list]:
     return seen
 
 
-def test_fast_text_generation_writes_the_same_text(tmp_path: Path) -> None:
-    """envs.alfworld.game memoizes TextWorld's grammar parsers and copies derivation contexts one level
-    deep: every feedback and admissible command must be what TextWorld's own generator writes (played
-    in a process where the fast generator is not installed), on games of both cpu task types."""
-    from textworld.envs.pddl import textgen
-
-    tasks = alfworld(task_types=FAST_TEXT_TASK_TYPES).tasks("valid_unseen")
-    task_ids = tasks[:2] + tasks[-2:]
-    assert {task_id.split("-")[0] for task_id in task_ids} == set(FAST_TEXT_TASK_TYPES)
-    fast = play_random(task_ids, turns=25)
-    assert hasattr(textgen.copy_context, "__wrapped__")  # the env installed it in this process
-    original_file = tmp_path / "original.json"
-    script = ("import json, sys\n"
-              "import envs.alfworld.game as game\n"
-              "game._speed_up_text_generation = lambda: None\n"
+def play_in_child(task_ids: list[str], out: Path, *, speedups: bool, cache: Path) -> list[list]:
+    """play_random in a fresh process, with TurnOPD's engine speed-ups installed or not."""
+    off = "" if speedups else "game._cache_game_loading = game._speed_up_text_generation = lambda: None\n"
+    script = ("import json\n"
+              "import envs.alfworld.game as game\n" + off +
               "from textworld.envs.pddl import textgen\n"
               "from tests.envs.test_alfworld import play_random\n"
               f"seen = play_random({task_ids!r}, turns=25)\n"
-              "assert not hasattr(textgen.copy_context, '__wrapped__')\n"
-              f"json.dump(seen, open({str(original_file)!r}, 'w'))\n")
-    subprocess.run([sys.executable, "-c", script], check=True, cwd=Path(__file__).parents[2])
-    original = json.loads(original_file.read_text())
-    assert len(fast) > 60
-    assert fast == original
+              f"assert hasattr(textgen.copy_context, '__wrapped__') is {speedups}\n"
+              f"json.dump(seen, open({str(out)!r}, 'w'))\n")
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=Path(__file__).parents[2],
+                   env={**os.environ, "TURNOPD_CACHE": str(cache)})
+    return json.loads(out.read_text())
+
+
+def test_engine_speedups_write_the_same_text(tmp_path: Path) -> None:
+    """envs.alfworld.game caches game loading on disk (PDDL translation, parsed game logic), memoizes
+    TextWorld's grammar parsers and copies derivation contexts one level deep: every feedback and
+    admissible command must be what TextWorld itself writes, on games of both cpu task types, with
+    the disk cache cold (filled by this play) and warm (read back by a second process)."""
+    tasks = alfworld(task_types=FAST_TEXT_TASK_TYPES).tasks("valid_unseen")
+    task_ids = tasks[:2] + tasks[-2:]
+    assert {task_id.split("-")[0] for task_id in task_ids} == set(FAST_TEXT_TASK_TYPES)
+    cache = tmp_path / "cache"
+    original = play_in_child(task_ids, tmp_path / "original.json", speedups=False, cache=cache)
+    assert not cache.exists()
+    cold = play_in_child(task_ids, tmp_path / "cold.json", speedups=True, cache=cache)
+    cached = {folder.name: len(list(folder.iterdir())) for folder in cache.glob("alfworld-games/*/*")}
+    games = [json.loads((resolve_data(DATA_SUBDIR) / "valid_unseen" / t / "game.tw-pddl").read_text()) for t in task_ids]
+    # a translation per game with optimize on and off; a parsed logic per distinct grammar text
+    assert cached == {"pddl2sas": 2 * len(task_ids), "game-logic": len({game["grammar"] for game in games})}
+    warm = play_in_child(task_ids, tmp_path / "warm.json", speedups=True, cache=cache)
+    assert len(original) > 60
+    assert cold == original
+    assert warm == original
 
 
 def test_invalid_actions_do_nothing(spec) -> None:
