@@ -7,6 +7,7 @@ imported here, lazily, so that importing `envs.alfworld` stays light.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import os
@@ -91,10 +92,14 @@ def _cached_on_disk(function: Callable, name: str) -> Callable:
         except (OSError, zlib.error, pickle.UnpicklingError, EOFError):
             pass  # not cached yet, or unreadable: compute it (again)
         result = function(*args, **kwargs)
-        folder.mkdir(parents=True, exist_ok=True)
         scratch = path.with_name(f".{path.name}.{os.getpid()}")
-        scratch.write_bytes(zlib.compress(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL), level=1))
-        os.replace(scratch, path)  # atomic: a reader sees the whole file or none
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            scratch.write_bytes(zlib.compress(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL), level=1))
+            os.replace(scratch, path)  # atomic: a reader sees the whole file or none
+        except OSError:  # a read-only or full cache only costs speed
+            with contextlib.suppress(OSError):
+                scratch.unlink()
         return result
 
     return cached

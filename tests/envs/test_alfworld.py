@@ -193,6 +193,32 @@ def test_engine_speedups_write_the_same_text(tmp_path: Path) -> None:
     assert warm == original
 
 
+def test_disk_cache_of_game_loading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from envs.alfworld.game import _cached_on_disk
+
+    calls = []
+
+    def square(x: int, *, shift: int = 0) -> dict:
+        calls.append(x)
+        return {"value": x * x + shift}
+
+    monkeypatch.setenv("TURNOPD_CACHE", str(tmp_path / "cache"))
+    cached = _cached_on_disk(square, "square")
+    assert cached(3) == {"value": 9} and cached(3) == {"value": 9} and cached(3, shift=1) == {"value": 10}
+    assert calls == [3, 3]  # the second call was read back from disk; another argument is another entry
+    files = sorted((tmp_path / "cache").rglob("square/*.pkl.z"))
+    assert len(files) == 2
+    for file in files:
+        file.write_bytes(b"torn")  # an unreadable entry is computed again and rewritten
+    assert cached(3) == {"value": 9} and calls == [3, 3, 3]
+    assert cached(3) == {"value": 9} and calls == [3, 3, 3]
+    # a cache folder that cannot be written only costs speed
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("TURNOPD_CACHE", str(tmp_path / "file"))
+    uncached = _cached_on_disk(square, "square")
+    assert uncached(4) == {"value": 16} and uncached(4) == {"value": 16} and calls[-2:] == [4, 4]
+
+
 def test_invalid_actions_do_nothing(spec) -> None:
     env = spec.make()
     first = env.reset(LOOK_GAME)
