@@ -97,16 +97,17 @@ def load_teacher_spec(path: str | os.PathLike[str]) -> TeacherSpec:
     return spec
 
 
-def save_teacher_spec(spec: TeacherSpec, path: str | os.PathLike[str]) -> Path:
-    """Write a teacher.yaml; the model and sft_recipe paths are stored relative to the spec's folder
-    when they lie under the repository, so the checkout can move."""
+def save_teacher_spec(spec: TeacherSpec, path: str | os.PathLike[str], comment: str = "") -> Path:
+    """Write a teacher.yaml (under `comment`, as YAML comment lines); the model and sft_recipe paths
+    are stored relative to the spec's folder when they lie under the repository, so the checkout can move."""
     path = Path(path)
     data = {k: v for k, v in vars(spec).items() if k != "source" and v not in (None, {})}
     for key in ("model", "sft_recipe"):
         if data.get(key) and Path(data[key]).resolve().is_relative_to(REPO_ROOT):
             data[key] = os.path.relpath(Path(data[key]).resolve(), path.parent.resolve())
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(OmegaConf.to_yaml(OmegaConf.create(data)))
+    header = "".join(f"# {line}".rstrip() + "\n" for line in comment.splitlines())
+    path.write_text(header + OmegaConf.to_yaml(OmegaConf.create(data)))
     return path
 
 

@@ -25,6 +25,7 @@ from turnopd.sft import (
     demo_examples,
     demo_tasks,
     example_batch,
+    freeze_below_top_layers,
     load_sft_recipe,
     play_experts,
 )
@@ -282,6 +283,34 @@ def test_nll_step_loss_is_the_mean_answer_token_nll(tiny_model_dir: Path) -> Non
     assert last < 0.5 * first
 
 
+def test_train_top_layers_updates_only_the_top_blocks_and_norm(tiny_model_dir: Path) -> None:
+    from turnopd.config import LossConfig, ObjectiveConfig
+    from turnopd.sft import SFTExample
+    from turnopd.trainer import Trainer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    top, bottom, norm = model.model.layers[1], model.model.layers[0], model.model.norm
+    expected = sum(p.numel() for p in top.parameters()) + sum(p.numel() for p in norm.parameters())
+    assert freeze_below_top_layers(model, 1) == expected
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    example = SFTExample("t", 0, tok.encode("Your task is to: put some pencil on desk."),
+                         tok.encode("<action>go to desk 1</action>", add_special_tokens=False))
+    trainer = Trainer(model, TrainerConfig(steps=1, lr=1e-2), ObjectiveConfig(estimator="nll"),
+                      LossConfig(mode="token_mean"), total_steps=1)
+    trainer.step(example_batch([example], "walk"), alpha=0.0)
+    changed = {name for name, p in model.named_parameters() if not torch.equal(p, before[name])}
+    assert changed == {f"model.layers.1.{n}" for n, _ in top.named_parameters()} | {"model.norm.weight"}
+    assert all(p.grad is None for p in [*bottom.parameters(), model.model.embed_tokens.weight])
+
+
+def test_train_top_layers_beyond_the_model_is_an_error(tiny_model_dir: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with pytest.raises(RecipeError, match="train_top_layers.*2 blocks"):
+        freeze_below_top_layers(model, 3)
+
+
 # ---- the recipe ------------------------------------------------------------------------------------
 
 
@@ -304,6 +333,7 @@ def test_recipe_defaults_follow_the_env(tmp_path: Path) -> None:
     (["demos.episodes=0"], "demos.episodes"),
     (["env.name=nope"], "env.name"),
     (["eval.max_tasks=0"], "eval.max_tasks"),
+    (["train_top_layers=0"], "train_top_layers"),
     (["trainer.bogus=1"], "bogus"),
 ])
 def test_bad_recipes_name_the_key(tmp_path: Path, overrides: list[str], message: str) -> None:
@@ -354,6 +384,8 @@ def test_sft_command_end_to_end(tmp_path: Path, tiny_model_dir: Path, monkeypatc
     assert summary["examples"] > 0 and 0.0 <= summary["avg_at_1"] <= 1.0 and math.isfinite(summary["final_loss"])
     spec = load_teacher_spec(tmp_path / "spec" / "teacher.yaml")
     assert Path(spec.model) == tmp_path / "teacher" and spec.backend == "transformers"
+    assert f"# Written by `turnopd sft {recipe}` (held-out Avg@1 {100 * summary['avg_at_1']:.1f}% on 2 valid_seen tasks)" \
+        in Path(spec.source).read_text()
     assert AutoModelForCausalLM.from_pretrained(spec.model).config.vocab_size == len(AutoTokenizer.from_pretrained(spec.model))
     # The expert episodes are cached for the next run.
     cached = (tmp_path / "demos" / "alfworld").glob("*.jsonl")

@@ -11,6 +11,9 @@
    chat user message), and the answer is `format_answer(action, env.answer_format)`.
 3. Training: the same DeepSpeed trainer as distillation, objective `nll` with `token_mean` loss, so
    the loss is the mean negative log-likelihood of the answer tokens only (prompts are context).
+   `train_top_layers: N` trains only the last N transformer blocks and the final norm of a
+   pretrained model (its embeddings and lower blocks frozen): the backward pass stops at block -N,
+   which makes a step of SmolLM2-135M ~3x faster on CPU.
 4. Output: the model in Hugging Face format with its tokenizer in `output_dir`, its held-out Avg@1
    (greedy) in sft_summary.json, and a teacher spec (`teacher_spec`) that distillation recipes name.
 """
@@ -77,6 +80,7 @@ class SFTConfig:
     model: ModelConfig = field(default_factory=ModelConfig)  # the model to fine-tune
     demos: DemoConfig = field(default_factory=DemoConfig)
     batch_turns: int = field(default=32, metadata={"range": (1, None)})
+    train_top_layers: int | None = field(default=None, metadata={"range": (1, None)})  # None: every parameter
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(steps=300, lr=1e-3))
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     eval: SFTEvalConfig = field(default_factory=SFTEvalConfig)
@@ -322,6 +326,7 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
     from turnopd.models import prepare_model
     from turnopd.rollout import POLICY_BACKENDS
     from turnopd.trainer import Trainer
+    from turnopd.trainer.engine import resolve_dtype
 
     wall_start = time.perf_counter()
     spec = make_env_spec(cfg.env, cfg.data_dir)
@@ -350,6 +355,8 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
         raise RuntimeError(f"the expert won none of its {len(demos)} episodes: nothing to train on")
     longest = max(len(ex.prompt_ids) + len(ex.answer_ids) for ex in examples)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    # the held-out eval and the teacher spec use the dtype it is trained in (bf16 is ~2x faster on a CPU with AMX)
+    dtype = str(resolve_dtype(cfg.trainer.dtype)).removeprefix("torch.")
     if longest > model.config.max_position_embeddings:
         raise RecipeError(f"a demonstration turn has {longest} tokens, more than the model's "
                           f"{model.config.max_position_embeddings} positions; lower env.history_length "
@@ -357,6 +364,8 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
     print(f"{sum(d.won for d in demos)}/{len(demos)} expert episodes won -> {len(examples)} turns, "
           f"{sum(len(ex.answer_ids) for ex in examples)} answer tokens; longest turn {longest} tokens", flush=True)
 
+    if cfg.train_top_layers is not None:
+        freeze_below_top_layers(model, cfg.train_top_layers)
     torch.manual_seed(cfg.seed)
     trainer = Trainer(model, cfg.trainer, ObjectiveConfig(estimator="nll"), LossConfig(mode="token_mean"),
                       total_steps=cfg.trainer.steps)
@@ -373,7 +382,7 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
     eval_start = time.perf_counter()
     avg_at_1, per_type, mean_turns = float("nan"), {}, float("nan")
     if cfg.eval.enabled:
-        policy = POLICY_BACKENDS.get(cfg.policy.backend)(str(output), cfg.policy, dtype="float32", seed=cfg.seed)
+        policy = POLICY_BACKENDS.get(cfg.policy.backend)(str(output), cfg.policy, dtype=dtype, seed=cfg.seed)
         with EnvPool(spec, cfg.env.num_workers, cfg.env.step_timeout_s) as pool:
             result = evaluate(spec, pool, policy, eval_tasks, split=eval_split, env_config=cfg.env,
                               policy_config=cfg.policy, k=1, seed=cfg.seed)
@@ -381,7 +390,9 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
         avg_at_1, per_type, mean_turns = result.avg_at_k, result.per_type, result.mean_turns
     eval_time = time.perf_counter() - eval_start
 
-    spec_path = _write_teacher_spec(cfg, output, tokenizer, recipe) if cfg.teacher_spec else None
+    held_out = (f"held-out Avg@1 {100 * avg_at_1:.1f}% on {len(eval_tasks)} {eval_split} tasks" if cfg.eval.enabled
+                else "not evaluated")
+    spec_path = _write_teacher_spec(cfg, output, tokenizer, recipe, dtype, held_out) if cfg.teacher_spec else None
     final = [loss for loss, _ in losses[-10:]]
     summary = SFTResult(
         output_dir=str(output), teacher_spec=str(spec_path) if spec_path else None, demos_played=len(demos),
@@ -393,6 +404,23 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
     (output / "sft_summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
     print_sft_summary(cfg, summary)
     return summary
+
+
+def freeze_below_top_layers(model: Any, top_layers: int) -> int:
+    """Freeze every parameter of an HF decoder-only model but its last `top_layers` blocks and its
+    final norm; returns how many parameters stay trainable. The input embeddings are frozen too
+    (with tied embeddings that is the LM head as well), so no gradient flows below the top blocks."""
+    decoder = model.get_decoder()
+    blocks, norm = getattr(decoder, "layers", None), getattr(decoder, "norm", None)
+    if blocks is None or norm is None:
+        raise RecipeError(f"recipe key 'train_top_layers': {type(model).__name__} has no decoder `layers` and "
+                          "`norm` (Llama/Qwen-shaped models do); set it to null to train every parameter")
+    if top_layers > len(blocks):
+        raise RecipeError(f"recipe key 'train_top_layers': {top_layers}, but the model has {len(blocks)} blocks")
+    model.requires_grad_(False)
+    for module in [*blocks[-top_layers:], norm]:
+        module.requires_grad_(True)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def _train(trainer: Any, examples: list[SFTExample], cfg: SFTConfig) -> list[tuple[float, float]]:
@@ -416,13 +444,16 @@ def _train(trainer: Any, examples: list[SFTExample], cfg: SFTConfig) -> list[tup
     return out
 
 
-def _write_teacher_spec(cfg: SFTConfig, output: Path, tokenizer: Any, recipe: str | None) -> Path:
+def _write_teacher_spec(cfg: SFTConfig, output: Path, tokenizer: Any, recipe: str | None, dtype: str,
+                        held_out: str) -> Path:
     from teachers.spec import TeacherSpec, save_teacher_spec
 
     spec = TeacherSpec(name=f"{cfg.env.name}-{cfg.name}", model=str(output), backend="transformers",
-                       dtype="float32", max_length=int(tokenizer.model_max_length),
+                       dtype=dtype, max_length=int(tokenizer.model_max_length),
                        sft_recipe=str(Path(recipe).resolve()) if recipe else None)
-    return save_teacher_spec(spec, cfg.teacher_spec)
+    comment = (f"Written by `turnopd sft {recipe}` ({held_out}).\n"
+               "`turnopd distill` retrains the model from sft_recipe when its folder is missing.")
+    return save_teacher_spec(spec, cfg.teacher_spec, comment)
 
 
 def print_sft_summary(cfg: SFTConfig, s: SFTResult) -> None:

@@ -162,7 +162,9 @@ def test_spec_files(tmp_path, tiny_model_dir):
     assert spec.model == str((tmp_path / "models" / "t").resolve())
     assert (spec.backend, spec.max_length, spec.source) == ("transformers", 512, str(folder / "teacher.yaml"))
     # round trip
-    again = load_teacher_spec(save_teacher_spec(spec, tmp_path / "copy" / "teacher.yaml"))
+    saved = save_teacher_spec(spec, tmp_path / "copy" / "teacher.yaml", comment="Written by a test.\n\nSecond line.")
+    assert saved.read_text().startswith("# Written by a test.\n#\n# Second line.\nname: alf\n")
+    again = load_teacher_spec(saved)
     assert (again.name, again.model, again.dtype, again.max_length) == (spec.name, spec.model, "float32", 512)
     # two envs naming one spec file share one loaded teacher
     teachers = make_teachers({"alfworld": spec, "webshop": spec})
