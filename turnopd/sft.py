@@ -365,7 +365,9 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
           f"{sum(len(ex.answer_ids) for ex in examples)} answer tokens; longest turn {longest} tokens", flush=True)
 
     if cfg.train_top_layers is not None:
-        freeze_below_top_layers(model, cfg.train_top_layers)
+        trainable = freeze_below_top_layers(model, cfg.train_top_layers)
+        print(f"training the top {cfg.train_top_layers} blocks and the final norm: {trainable / 1e6:.1f}M of "
+              f"{model.num_parameters() / 1e6:.1f}M parameters", flush=True)
     torch.manual_seed(cfg.seed)
     trainer = Trainer(model, cfg.trainer, ObjectiveConfig(estimator="nll"), LossConfig(mode="token_mean"),
                       total_steps=cfg.trainer.steps)
