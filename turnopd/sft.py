@@ -355,8 +355,6 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
         raise RuntimeError(f"the expert won none of its {len(demos)} episodes: nothing to train on")
     longest = max(len(ex.prompt_ids) + len(ex.answer_ids) for ex in examples)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    # the held-out eval and the teacher spec use the dtype it is trained in (bf16 is ~2x faster on a CPU with AMX)
-    dtype = str(resolve_dtype(cfg.trainer.dtype)).removeprefix("torch.")
     if longest > model.config.max_position_embeddings:
         raise RecipeError(f"a demonstration turn has {longest} tokens, more than the model's "
                           f"{model.config.max_position_embeddings} positions; lower env.history_length "
@@ -381,6 +379,8 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
     tokenizer.save_pretrained(output)
     del trainer, model
 
+    # the held-out eval and the teacher spec use the dtype it is trained in (bf16 is ~2x faster on a CPU with AMX)
+    dtype = str(resolve_dtype(cfg.trainer.dtype)).removeprefix("torch.")
     eval_start = time.perf_counter()
     avg_at_1, per_type, mean_turns = float("nan"), {}, float("nan")
     if cfg.eval.enabled:
@@ -453,8 +453,11 @@ def _write_teacher_spec(cfg: SFTConfig, output: Path, tokenizer: Any, recipe: st
     spec = TeacherSpec(name=f"{cfg.env.name}-{cfg.name}", model=str(output), backend="transformers",
                        dtype=dtype, max_length=int(tokenizer.model_max_length),
                        sft_recipe=str(Path(recipe).resolve()) if recipe else None)
-    comment = (f"Written by `turnopd sft {recipe}` ({held_out}).\n"
-               "`turnopd distill` retrains the model from sft_recipe when its folder is missing.")
+    if recipe:
+        comment = (f"Written by `turnopd sft {recipe}` ({held_out}).\n"
+                   "`turnopd distill` retrains the model from sft_recipe when its folder is missing.")
+    else:  # run_sft called from Python: no recipe file to name or to retrain from
+        comment = f"Written by turnopd.sft.run_sft ({held_out})."
     return save_teacher_spec(spec, cfg.teacher_spec, comment)
 
 
