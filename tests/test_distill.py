@@ -146,3 +146,28 @@ def test_data_parallel_under_torchrun(models):
     evals = [r for r in records if r["kind"] == "eval"]
     assert [(r["step"], r["num_tasks"]) for r in evals] == [(0, 1), (4, 1)]
     assert sorted(p.name for p in (models / "runs" / "dp" / "checkpoints").iterdir()) == ["step_000002", "step_000004"]
+
+
+def test_a_step_the_env_ended_entirely_stops_the_run_naming_the_env_error(models, tmp_path):
+    """Every training game is unreadable (as when a full disk cut the files short): each episode of
+    step 1 ends at reset by the real engine's GameLoadError. The run stops before training, naming
+    the env error and how to continue, instead of failing later on an empty batch."""
+    from turnopd.data import resolve_data
+
+    real = resolve_data("alfworld/json_2.1.1", None)
+    data = tmp_path / "data" / "alfworld" / "json_2.1.1"
+    for split in ("valid_seen", "valid_unseen", "valid_train"):
+        data.mkdir(parents=True, exist_ok=True)
+        (data / split).symlink_to(real / split)
+    for game in sorted((real / "train").glob("look_at_obj_in_light-*/*/game.tw-pddl"))[:3]:
+        broken = data / "train" / game.parent.relative_to(real / "train") / "game.tw-pddl"
+        broken.parent.mkdir(parents=True)
+        broken.write_text(game.read_text()[:100])  # the first 100 characters: not JSON any more
+    out = _distill(models, "name=broken_env", f"data_dir={tmp_path / 'data'}", "eval.at_start=false")
+    log, _ = out.communicate(timeout=600)
+    assert out.returncode == 1, log
+    assert "error: the run stopped: step 1: 2 of 2 episodes were ended by the env, not the agent: " \
+           "GameLoadError: cannot load ALFWorld game" in log
+    assert f"continue the run with --resume {models / 'runs' / 'broken_env'}" in log
+    assert "Traceback" not in log
+    assert [r["kind"] for r in read_metrics(models / "runs" / "broken_env" / "metrics.jsonl")] == ["start"]

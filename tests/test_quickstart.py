@@ -27,6 +27,9 @@ def test_quickstart_runs_end_to_end(tmp_path: Path) -> None:
     trained = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in trained] == list(range(1, len(trained) + 1))
     before, after = evals[0], evals[-1]
+    # every held-out game was played to its end by the agent: none cut short by the env
+    assert [r["env_failures"] for r in (teacher, *evals)] == [0] * (1 + len(evals)), \
+        [r["env_errors"] for r in (teacher, *evals)]
     assert (before["step"], after["step"]) == (0, len(trained))
     # the summary table shows the three held-out scores, the plot is saved
     for row in ("teacher", "student before", "student after", "change"):

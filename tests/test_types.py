@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from turnopd.types import Trajectory, Turn, build_token_batch, trajectory_sequences
+from turnopd.types import (
+    EpisodeSummary,
+    Trajectory,
+    Turn,
+    build_token_batch,
+    describe_env_errors,
+    env_errors,
+    trajectory_sequences,
+)
 
 
 def turn(index, prompt, action, teacher=None):
@@ -58,3 +66,18 @@ def test_top_k_rows_land_on_their_tokens():
 def test_a_batch_of_no_trajectories_has_no_sequences():
     batch = build_token_batch([])
     assert (batch.num_tokens, batch.num_action_tokens, batch.sequences()) == (0, 0, [])
+
+
+def test_env_errors_are_counted_by_message_most_frequent_first():
+    trajs = [Trajectory("a", "e", env_error="disk full"), Trajectory("b", "e"),
+             Trajectory("c", "e", env_error="worker 1 died"), Trajectory("d", "e", env_error="worker 1 died")]
+    summaries = [EpisodeSummary.of(t) for t in trajs]
+    assert [s.failed_by_env for s in summaries] == [True, False, True, True]
+    assert env_errors(trajs) == env_errors(summaries) == {"worker 1 died": 2, "disk full": 1}
+    assert list(env_errors(trajs)) == ["worker 1 died", "disk full"]
+    assert env_errors(trajs[1:2]) == {}
+    assert describe_env_errors({"worker 1 died": 2, "disk full": 1}, 4) == (
+        "3 of 4 episodes were ended by the env, not the agent: worker 1 died (x2); disk full (x1)")
+    # one cause can read as many messages (each names its game): two are shown, the rest counted
+    assert describe_env_errors({"g1": 1, "g2": 1, "g3": 1, "g4": 1}, 8) == (
+        "4 of 8 episodes were ended by the env, not the agent: g1 (x1); g2 (x1); and 2 other errors")

@@ -50,7 +50,12 @@ from turnopd.progress import StepProgress, print_summary
 from turnopd.rollout import POLICY_BACKENDS, Policy
 from turnopd.trainer import Trainer
 from turnopd.trainer.engine import init_process_group
-from turnopd.types import EpisodeSummary, build_token_batch
+from turnopd.types import EpisodeSummary, build_token_batch, describe_env_errors, env_errors
+
+
+class EnvFailed(RuntimeError):
+    """The env ended every episode of a step itself (crashes, hangs, a game it cannot load): the agent
+    played nothing to learn from, and later steps would fare the same."""
 
 
 @dataclass
@@ -108,7 +113,7 @@ def run_eval(cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Policy, step: 
     episodes = [e for part in gather_objects([EpisodeSummary.of(t) for t in local]) for e in part]
     overall, per_type = avg_at_k(episodes, cfg.eval.k)
     return EvalResult(setup.eval_split, cfg.eval.k, overall, per_type, len(setup.eval_tasks),
-                      sum(e.depth for e in episodes) / len(episodes))
+                      sum(e.depth for e in episodes) / len(episodes), env_errors(episodes))
 
 
 def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: DepthSchedule, cap: int,
@@ -129,7 +134,7 @@ def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: Dept
         "success_rate": sum(e.success for e in episodes) / len(episodes),
         "truncated_rate": sum(e.truncated for e in episodes) / len(episodes),
         "invalid_action_rate": sum(e.invalid_actions for e in episodes) / max(turns, 1),
-        "env_failures": sum(e.failed_by_env for e in episodes),
+        "env_failures": sum(e.failed_by_env for e in episodes), "env_errors": env_errors(episodes),
     }
 
 
@@ -196,6 +201,9 @@ def run_distillation(cfg: RunConfig, resume: str | None = None) -> dict[str, Any
             who = "teacher" if kind == "teacher_eval" else f"student at step {step}"
             print(f"{who}: Avg@{result.k} {100 * result.avg_at_k:.1f}% on {result.num_tasks} {result.split} tasks "
                   f"(mean {result.mean_turns:.1f} turns)", flush=True)
+            if result.env_failures:
+                print(f"WARNING: {who} eval: {describe_env_errors(result.env_errors, result.num_tasks * result.k)}; "
+                      "they count as lost", flush=True)
         if writer is not None:
             writer.write({"kind": kind, "step": step, "train_time_s": ledger.train_time(),
                           "eval_time_s": ledger.step_phases.get("eval", 0.0), **result.record()})
@@ -223,6 +231,10 @@ def run_distillation(cfg: RunConfig, resume: str | None = None) -> dict[str, Any
             # Probes (full depth) or rollouts at the depth cap, teacher-scored; probes update the controller.
             plan = plan_batch(depth, step, cfg.env.max_turns)
             trajectories = rollouts.take(plan)
+            episodes = [e for part in gather_objects([EpisodeSummary.of(t) for t in trajectories]) for e in part]
+            if all(e.failed_by_env for e in episodes):  # nothing the agent did: the env cannot run
+                raise EnvFailed(f"step {step + 1}: {describe_env_errors(env_errors(episodes), len(episodes))}. "
+                                f"Fix the env, then continue the run with --resume {run_dir}")
             if plan.probe:
                 probes = [t for part in gather_objects(trajectories) for t in part if not t.failed_by_env]
                 depth.update_from_trajectories(probes)
@@ -238,7 +250,6 @@ def run_distillation(cfg: RunConfig, resume: str | None = None) -> dict[str, Any
                 rollouts.publish(student_weights, version=step + 1)
 
             done = step + 1
-            episodes = [e for part in gather_objects([EpisodeSummary.of(t) for t in trajectories]) for e in part]
             record = step_record(done, ledger, ledger.end_step(), depth, plan.cap, plan.probe, alpha, train, episodes,
                                  sum(e.action_tokens for e in episodes), rollouts.stats())
             if writer is not None:
@@ -286,15 +297,16 @@ def evaluate_teacher(cfg: RunConfig, setup: Setup, spec, pool: EnvPool) -> EvalR
                       dataclasses.asdict(cfg.policy), cfg.eval.k, cfg.eval.temperature, cfg.seed], sort_keys=True)
     cache = EVAL_CACHE / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
     if cache.is_file():
-        return EvalResult(**json.loads(cache.read_text()))
+        return EvalResult.from_record(json.loads(cache.read_text()))
     policy = POLICY_BACKENDS.get(cfg.policy.backend)(spec.model, cfg.policy, dtype=spec.dtype, seed=cfg.seed)
     try:
         result = evaluate(setup.spec, pool, policy, setup.eval_tasks, split=setup.eval_split, env_config=cfg.env,
                           policy_config=cfg.policy, k=cfg.eval.k, temperature=cfg.eval.temperature, seed=cfg.seed)
     finally:
         policy.close()
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps(result.record()))
+    if not result.env_failures:  # a score the env cut short is not the teacher's: measure it again next run
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(result.record()))
     return result
 
 

@@ -13,7 +13,7 @@ from envs.base import EnvSpec
 from turnopd.config import EnvConfig, PolicyConfig
 from turnopd.rollout import Policy, SamplingParams
 from turnopd.rollout.engine import rollout
-from turnopd.types import Trajectory
+from turnopd.types import Trajectory, env_errors
 
 
 @dataclass
@@ -24,11 +24,21 @@ class EvalResult:
     per_type: dict[str, float]
     num_tasks: int
     mean_turns: float
+    env_errors: dict[str, int] = field(default_factory=dict)  # episodes the env ended, by error (they count as lost)
     trajectories: list[Trajectory] = field(default_factory=list, repr=False)
+
+    @property
+    def env_failures(self) -> int:
+        return sum(self.env_errors.values())
 
     def record(self) -> dict:
         return {"split": self.split, "k": self.k, "avg_at_k": self.avg_at_k, "per_type": self.per_type,
-                "num_tasks": self.num_tasks, "mean_turns": self.mean_turns}
+                "num_tasks": self.num_tasks, "mean_turns": self.mean_turns, "env_failures": self.env_failures,
+                "env_errors": self.env_errors}
+
+    @classmethod
+    def from_record(cls, record: dict) -> EvalResult:
+        return cls(**{k: v for k, v in record.items() if k != "env_failures"})
 
 
 def avg_at_k(trajectories: list[Trajectory], k: int) -> tuple[float, dict[str, float]]:
@@ -71,4 +81,4 @@ def evaluate(spec: EnvSpec, pool, policy: Policy, tasks: list[str], *, split: st
                            cap=env_config.max_turns, is_probe=False, ledger=ledger)
     overall, per_type = avg_at_k(trajectories, k)
     mean_turns = sum(t.depth for t in trajectories) / len(trajectories)
-    return EvalResult(split, k, overall, per_type, len(tasks), mean_turns, trajectories)
+    return EvalResult(split, k, overall, per_type, len(tasks), mean_turns, env_errors(trajectories), trajectories)

@@ -15,6 +15,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from turnopd.types import describe_env_errors
+
 console = Console()
 
 
@@ -50,6 +52,9 @@ class StepProgress:
             console.print(f"step {record['step']}/{self._progress.tasks[0].total}: " +
                           ", ".join(f"{k} {v}" for k, v in fields.items()) +
                           f", {record['wall_time_s']:.0f} s")
+        if record["env_failures"]:  # one unwrapped line; a message may hold [brackets], which are not markup
+            console.print(f"step {record['step']}: {describe_env_errors(record['env_errors'], record['episodes'])}",
+                          style="yellow", markup=False, soft_wrap=True)
 
     def close(self) -> None:
         if self.enabled:
@@ -77,6 +82,10 @@ def print_summary(cfg, summary: dict[str, Any]) -> None:
     if before is not None and after is not None:
         table.add_row("change", f"{100 * (after.avg_at_k - before.avg_at_k):+.1f} pts", "")
     console.print(table)
+    for who, result in (("teacher", teacher), ("student before", before), ("student after", after)):
+        if result is not None and result.env_failures:
+            console.print(f"{who}: {describe_env_errors(result.env_errors, result.num_tasks * result.k)} "
+                          "(counted as lost)", style="yellow", markup=False, soft_wrap=True)
     if after is not None and after.per_type:
         console.print("per task type (after): " + ", ".join(f"{k} {_pct(v)}" for k, v in after.per_type.items()))
     phases = summary["phases"]

@@ -45,6 +45,7 @@ from turnopd.config import (
 )
 from turnopd.preflight import recipe_split_tasks
 from turnopd.progress import progress_bar
+from turnopd.types import describe_env_errors
 
 DEMOS_DIR = Path.home() / ".cache" / "turnopd" / "demos"
 
@@ -390,10 +391,15 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
                               policy_config=cfg.policy, k=1, seed=cfg.seed)
         policy.close()
         avg_at_1, per_type, mean_turns = result.avg_at_k, result.per_type, result.mean_turns
+        if result.env_failures:
+            print(f"WARNING: held-out eval: {describe_env_errors(result.env_errors, len(eval_tasks))}; "
+                  "they count as lost", flush=True)
     eval_time = time.perf_counter() - eval_start
 
     held_out = (f"held-out Avg@1 {100 * avg_at_1:.1f}% on {len(eval_tasks)} {eval_split} tasks" if cfg.eval.enabled
                 else "not evaluated")
+    if cfg.eval.enabled and result.env_failures:
+        held_out += f", {result.env_failures} of them ended by env errors"
     spec_path = _write_teacher_spec(cfg, output, tokenizer, recipe, dtype, held_out) if cfg.teacher_spec else None
     final = [loss for loss, _ in losses[-10:]]
     summary = SFTResult(

@@ -5,6 +5,8 @@ Token convention everywhere: a log-prob stored "at token p" is log pi(token_p | 
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -46,8 +48,12 @@ class Trajectory:
     truncated: bool = False  # stopped by the rollout-depth cap before the env ended it
     is_probe: bool = False  # a full-depth probe rollout for the depth controller
     task_type: str = ""
-    failed_by_env: bool = False  # the env worker crashed or hung during this episode
+    env_error: str = ""  # why the env, not the agent, ended this episode (a worker crash or hang, an env exception)
     weight_version: int = 0  # policy weight version that generated it (async pipelines)
+
+    @property
+    def failed_by_env(self) -> bool:
+        return bool(self.env_error)
 
     @property
     def depth(self) -> int:
@@ -195,9 +201,30 @@ class EpisodeSummary:
     truncated: bool
     invalid_actions: int
     action_tokens: int
-    failed_by_env: bool
+    env_error: str
+
+    @property
+    def failed_by_env(self) -> bool:
+        return bool(self.env_error)
 
     @classmethod
     def of(cls, traj: Trajectory) -> EpisodeSummary:
         return cls(traj.task_id, traj.task_type, traj.success, traj.depth, traj.truncated,
-                   traj.invalid_actions, traj.num_action_tokens, traj.failed_by_env)
+                   traj.invalid_actions, traj.num_action_tokens, traj.env_error)
+
+
+MAX_ERRORS_SHOWN = 2  # an error message names its game, so one cause can read as many messages
+
+
+def env_errors(episodes: Iterable[Trajectory | EpisodeSummary]) -> dict[str, int]:
+    """How many episodes each distinct env error ended, most frequent first (empty: the env ended none)."""
+    return dict(Counter(e.env_error for e in episodes if e.env_error).most_common())
+
+
+def describe_env_errors(errors: dict[str, int], episodes: int) -> str:
+    """One line for a person: '3 of 8 episodes were ended by the env, not the agent: MESSAGE (x2); ...'."""
+    shown = list(errors.items())[:MAX_ERRORS_SHOWN]
+    more = len(errors) - len(shown)
+    return (f"{sum(errors.values())} of {episodes} episodes were ended by the env, not the agent: "
+            + "; ".join(f"{message} (x{count})" for message, count in shown)
+            + (f"; and {more} other errors" if more else ""))

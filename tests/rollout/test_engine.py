@@ -180,6 +180,7 @@ def test_prompts_show_the_history_window(tokenizer):
 def test_env_errors_mark_failed_by_env(tokenizer):
     trajs, _, _ = play(tokenizer, ["crash-2:s", "crash-0:s", "need-4:s"], cap=10)
     assert [t.failed_by_env for t in trajs] == [True, True, False]
+    assert [t.env_error for t in trajs] == ["boom", "boom at reset", ""]
     assert [t.depth for t in trajs] == [2, 0, 4]
     assert [t.success for t in trajs] == [False, False, True]
     assert not any(t.truncated for t in trajs)

@@ -41,10 +41,16 @@ def distill(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         return 0
-    from turnopd.distill import run_distillation
+    from turnopd.distill import EnvFailed, run_distillation
     from turnopd.distributed import rank_and_world
+    from turnopd.pipeline import GeneratorError
+    from turnopd.trainer import TrainingDiverged
 
-    summary = run_distillation(cfg, resume=args.resume)
+    try:
+        summary = run_distillation(cfg, resume=args.resume)
+    except (EnvFailed, GeneratorError, TrainingDiverged) as exc:  # the run's own verdict: no traceback needed
+        print(f"error: the run stopped: {exc}", file=sys.stderr)
+        return 1
     if rank_and_world()[0] == 0:
         from turnopd.commands.frontier import plot_frontier
         from turnopd.frontier import compare, load_run

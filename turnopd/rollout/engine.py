@@ -119,4 +119,4 @@ def _end_if_done(ep: _Episode, outcome: StepOutcome) -> None:
     if outcome.done:
         ep.finished = True
         ep.trajectory.success = bool(outcome.won)
-        ep.trajectory.failed_by_env = "env_error" in outcome.info
+        ep.trajectory.env_error = outcome.info.get("env_error", "")
