@@ -358,7 +358,8 @@ def test_shipped_sft_recipes_validate() -> None:
 
 
 @pytest.mark.slow
-def test_sft_command_end_to_end(tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sft_command_end_to_end(tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture) -> None:
     """A few walkthrough demonstrations, a few steps, a held-out eval and a loadable teacher spec."""
     import turnopd.sft as sft
     from teachers.spec import load_teacher_spec
@@ -378,6 +379,10 @@ def test_sft_command_end_to_end(tmp_path: Path, tiny_model_dir: Path, monkeypatc
         "output_dir": str(tmp_path / "teacher"),
         "teacher_spec": str(tmp_path / "spec" / "teacher.yaml"),
     })
+    # a train_top_layers the model cannot take fails before any demonstration is played
+    assert main(["sft", str(recipe), "train_top_layers=3"]) == 2
+    assert "'train_top_layers': 3, but the model has 2 blocks" in capsys.readouterr().err
+    assert not (tmp_path / "demos").exists()
     assert main(["sft", str(recipe)]) == 0
     summary = json.loads((tmp_path / "teacher" / "sft_summary.json").read_text())
     assert summary["demos_played"] == 2 and summary["steps"] == 3 and summary["eval_tasks"] == 2

@@ -49,7 +49,7 @@ from turnopd.preflight import check_setup
 from turnopd.progress import StepProgress, print_summary
 from turnopd.rollout import POLICY_BACKENDS, Policy
 from turnopd.trainer import Trainer
-from turnopd.trainer.engine import init_process_group
+from turnopd.trainer.engine import init_process_group, resolve_dtype
 from turnopd.types import EpisodeSummary, build_token_batch, describe_env_errors, env_errors
 
 
@@ -71,11 +71,10 @@ class Setup:
 
 
 def load_student(model_cfg: ModelConfig, path: Path):
-    """The student model (fp32 on CPU, bf16 on GPU for dtype auto) and its tokenizer."""
+    """The student model in `student.dtype` (as the trainer reads `auto`) and its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = {"auto": torch.bfloat16 if torch.cuda.is_available() else torch.float32, "float32": torch.float32,
-             "bfloat16": torch.bfloat16, "float16": torch.float16}[model_cfg.dtype]
+    dtype = resolve_dtype(model_cfg.dtype)
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype), AutoTokenizer.from_pretrained(path)
 
 

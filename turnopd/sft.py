@@ -348,6 +348,12 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
             raise RecipeError(f"recipe key 'model.path': {model_dir} does not exist and 'model.prepare' is not set")
         prepare_model(cfg.model.prepare, model_dir, **cfg.model.prepare_options)
 
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if cfg.train_top_layers is not None:  # a bad value fails here, before the demonstrations are played
+        trainable = freeze_below_top_layers(model, cfg.train_top_layers)
+        print(f"training the top {cfg.train_top_layers} blocks and the final norm: {trainable / 1e6:.1f}M of "
+              f"{model.num_parameters() / 1e6:.1f}M parameters", flush=True)
+
     demos = collect_demonstrations(spec, cfg.env, split, cfg.demos.episodes, cfg.seed)
     prepare_time = time.perf_counter() - prepare_start
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -355,7 +361,6 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
     if not examples:
         raise RuntimeError(f"the expert won none of its {len(demos)} episodes: nothing to train on")
     longest = max(len(ex.prompt_ids) + len(ex.answer_ids) for ex in examples)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if longest > model.config.max_position_embeddings:
         raise RecipeError(f"a demonstration turn has {longest} tokens, more than the model's "
                           f"{model.config.max_position_embeddings} positions; lower env.history_length "
@@ -363,10 +368,6 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
     print(f"{sum(d.won for d in demos)}/{len(demos)} expert episodes won -> {len(examples)} turns, "
           f"{sum(len(ex.answer_ids) for ex in examples)} answer tokens; longest turn {longest} tokens", flush=True)
 
-    if cfg.train_top_layers is not None:
-        trainable = freeze_below_top_layers(model, cfg.train_top_layers)
-        print(f"training the top {cfg.train_top_layers} blocks and the final norm: {trainable / 1e6:.1f}M of "
-              f"{model.num_parameters() / 1e6:.1f}M parameters", flush=True)
     torch.manual_seed(cfg.seed)
     trainer = Trainer(model, cfg.trainer, ObjectiveConfig(estimator="nll"), LossConfig(mode="token_mean"),
                       total_steps=cfg.trainer.steps)

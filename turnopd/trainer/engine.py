@@ -56,13 +56,14 @@ def init_process_group() -> None:
 
 
 def resolve_dtype(name: str) -> torch.dtype:
-    """`auto`: bf16 on a GPU that supports it, fp32 otherwise."""
+    """A recipe's dtype name (trainer.dtype, student.dtype) as a torch dtype. `auto`: bf16 on a GPU
+    that supports it, fp32 otherwise (the recipes' choices keep float16 out of trainer.dtype)."""
     if name == "auto":
         on_bf16_gpu = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         return torch.bfloat16 if on_bf16_gpu else torch.float32
-    if name in ("float32", "bfloat16"):
+    if name in ("float32", "bfloat16", "float16"):
         return getattr(torch, name)
-    raise ValueError(f"trainer.dtype must be auto, float32 or bfloat16, got {name!r}")
+    raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {name!r}")
 
 
 def load_overrides(value: Any) -> dict[str, Any]:
