@@ -12,21 +12,7 @@ import torch
 
 from teachers.base import TEACHER_BACKENDS, TokenScores, check_sequences
 from teachers.spec import TeacherSpec
-from turnopd.rollout.transformers_backend import load_model, model_max_length
-
-
-def length_batches(lengths: list[int], max_batch_tokens: int) -> list[list[int]]:
-    """Indices grouped into batches whose padded size (rows x longest) stays within the budget;
-    sequences are taken longest first so that a batch pads little. A sequence longer than the
-    budget gets a batch of its own."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches: list[list[int]] = []
-    for i in order:
-        if batches and lengths[batches[-1][0]] * (len(batches[-1]) + 1) <= max_batch_tokens:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
+from turnopd.rollout.transformers_backend import length_batches, load_model, model_max_length
 
 
 @TEACHER_BACKENDS.register("transformers")
@@ -44,7 +30,7 @@ class TransformersTeacher:
     def score(self, sequences: list[list[int]], topk: int = 0) -> list[TokenScores]:
         check_sequences(sequences, self.max_length, self.name)
         out: list[TokenScores | None] = [None] * len(sequences)
-        for batch in length_batches([len(s) for s in sequences], self.max_batch_tokens):
+        for batch in length_batches([len(s) for s in sequences], max_batch_tokens=self.max_batch_tokens):
             width = len(sequences[batch[0]])
             ids = torch.zeros((len(batch), width), dtype=torch.long)
             mask = torch.zeros((len(batch), width), dtype=torch.long)

@@ -10,6 +10,7 @@ from turnopd.config import PolicyConfig
 from turnopd.rollout import POLICY_BACKENDS, SamplingParams
 from turnopd.rollout.completion import PromptTooLongError, finish_completion
 from turnopd.rollout.engine import chat_prompt_ids
+from turnopd.rollout.transformers_backend import length_batches
 
 MESSAGES = ["You arrive at desk 1.", "Your task is to: put some pencil on desk. You see a bed 1 and a drawer 2.",
             "Nothing happens.", "You pick up the pencil 1 from the desk 1."]
@@ -86,6 +87,18 @@ def test_n_samples_seeded_and_chunked(tiny_model_dir, policy, prompts):
             assert gen.logprobs == pytest.approx(forward_logprobs(policy.model, prompt, gen.token_ids), abs=1e-4)
     # samples of one prompt differ (12 draws of 8 tokens from a random model: equal ones are ~impossible)
     assert len({tuple(g.token_ids) for g in first[0]}) == 3
+
+
+def test_length_batches_group_rows_of_similar_length():
+    lengths = [5, 30, 7, 28, 6, 29]
+    # by rows: longest first (30, 29, 28 | 7, 6, 5): each batch pads to its own longest
+    assert length_batches(lengths, max_rows=3) == [[1, 5, 3], [2, 4, 0]]
+    # by padded tokens (rows x longest <= 64): 30 and 29 pad to 2 x 30 = 60; adding 28 would make 90, so
+    # 28 starts a batch that 7 joins (2 x 28 = 56); adding 6 would make 84, so 6 and 5 make the last one
+    assert length_batches(lengths, max_batch_tokens=64) == [[1, 5], [3, 2], [4, 0]]
+    assert length_batches([100, 3], max_batch_tokens=64) == [[0], [1]]  # too long for the budget: alone
+    assert length_batches(lengths, max_batch_tokens=64, max_rows=1) == [[1], [5], [3], [2], [4], [0]]
+    assert length_batches([4, 4, 4], max_rows=2) == [[0, 1], [2]]  # ties keep their order
 
 
 def test_stop_string_cuts_after_its_tokens(policy, prompts):

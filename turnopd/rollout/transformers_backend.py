@@ -42,6 +42,23 @@ def load_model(path: str | os.PathLike[str], dtype: str = "auto") -> tuple[nn.Mo
     return model.eval(), AutoTokenizer.from_pretrained(path)
 
 
+def length_batches(lengths: list[int], *, max_batch_tokens: int | None = None,
+                   max_rows: int | None = None) -> list[list[int]]:
+    """Indices grouped into batches of at most `max_rows` rows and `max_batch_tokens` padded tokens
+    (rows x longest); sequences are taken longest first, so that a batch pads little. A sequence
+    longer than the token budget gets a batch of its own."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        last = batches[-1] if batches else None
+        if (last and (max_rows is None or len(last) < max_rows)
+                and (max_batch_tokens is None or lengths[last[0]] * (len(last) + 1) <= max_batch_tokens)):
+            last.append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
 def model_max_length(model: nn.Module, tokenizer: Any) -> int:
     """The context length: the model's position limit, or the tokenizer's when it is smaller."""
     limit = getattr(model.config, "max_position_embeddings", None) or 10**9
@@ -93,15 +110,22 @@ class TransformersPolicy:
         check_prompt_lengths(prompts, sampling.max_new_tokens, self.max_model_len)
         # n samples per prompt = the prompt repeated n times (greedy generate allows no n > 1).
         rows = [prompt for prompt in prompts for _ in range(sampling.n)]
-        completions: list[Generation] = []
+        completions: list[Generation | None] = [None] * len(rows)
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.random.fork_rng(devices=[]):
                 if sampling.seed is not None:
                     torch.manual_seed(sampling.seed)
-                for start in range(0, len(rows), self.config.max_batch_size):
-                    completions.extend(self._generate_batch(rows[start : start + self.config.max_batch_size], sampling))
+                # rows of similar length batched together: every row is padded to its batch's longest
+                # (64 WebShop prompts of 145-1944 tokens: 1.8x faster than batches in arrival order,
+                # benchmarks/generation_batching.py)
+                # Inside a batch rows keep their order: prompts that fit one batch sample as they came.
+                for batch in length_batches([len(r) for r in rows], max_rows=self.config.max_batch_size):
+                    batch = sorted(batch)
+                    generations = self._generate_batch([rows[i] for i in batch], sampling)
+                    for i, generation in zip(batch, generations, strict=True):
+                        completions[i] = generation
         finally:
             self.model.train(was_training)
         return [completions[i * sampling.n : (i + 1) * sampling.n] for i in range(len(prompts))]
