@@ -28,6 +28,7 @@ from turnopd.sft import (
     freeze_below_top_layers,
     load_sft_recipe,
     play_experts,
+    run_sft,
 )
 
 # ---- a small in-process env: walk to desk 1, 2, ..., n in order --------------------------------
@@ -344,6 +345,18 @@ def test_bad_recipes_name_the_key(tmp_path: Path, overrides: list[str], message:
 def test_missing_model_path_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match="model.path"):
         load_sft_recipe(str(_write(tmp_path, {"name": "t"})))
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["demos.split=trian"], "recipe key 'demos.split': unknown alfworld split 'trian'"),
+    (["env.train_split=trian"], "recipe key 'env.train_split': unknown alfworld split 'trian'"),
+    (["eval.split=valid_seen+valid_seen"], "recipe key 'eval.split': split 'valid_seen\\+valid_seen' names a split twice"),
+    (["env.task_types=[look_at_obj_in_light]", "env.max_tasks=0"], "split 'train' has 0 tasks and 'valid_unseen' has 0"),
+])
+def test_bad_splits_fail_before_any_model_or_demo_work(tmp_path: Path, overrides: list[str], message: str) -> None:
+    recipe = _write(tmp_path, {"name": "t", "env": {"name": "alfworld"}, "model": {"path": str(tmp_path / "none")}})
+    with pytest.raises(RecipeError, match=message):
+        run_sft(load_sft_recipe(str(recipe), overrides))
 
 
 def test_shipped_sft_recipes_validate() -> None:

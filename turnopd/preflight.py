@@ -123,6 +123,21 @@ def recipe_split_tasks(spec: Any, splits: str, key: str) -> list[str]:
         raise RecipeError(f"recipe key {key!r}: {exc}") from None
 
 
+def train_and_eval_tasks(spec: Any, env: Any, *, eval_split: str | None, max_eval_tasks: int | None,
+                         train_split: str | None = None, train_key: str = "") -> tuple[str, list[str], str, list[str]]:
+    """(train split, its tasks, eval split, its first `max_eval_tasks` tasks) of a recipe. A split
+    set by the recipe key `train_key` / `eval.split` overrides env.train_split / env.eval_split; an
+    unknown split is reported as the key that named it, and either side left empty is an error."""
+    train_split, train_key = (train_split, train_key) if train_split else (env.train_split, "env.train_split")
+    eval_split, eval_key = (eval_split, "eval.split") if eval_split else (env.eval_split, "env.eval_split")
+    train_tasks = recipe_split_tasks(spec, train_split, train_key)
+    eval_tasks = recipe_split_tasks(spec, eval_split, eval_key)[:max_eval_tasks]
+    if not train_tasks or not eval_tasks:
+        raise RecipeError(f"env {env.name!r}: split {train_split!r} has {len(train_tasks)} tasks and {eval_split!r} "
+                          f"has {len(eval_tasks)} after env.task_types/eval.max_tasks; both need some")
+    return train_split, train_tasks, eval_split, eval_tasks
+
+
 def check_setup(cfg: RunConfig) -> tuple[Any, list[str]]:
     """turnopd.distill.check_setup with the model rules above: (Setup, notes on where each model
     comes from). Loads no model and contacts no server."""
@@ -131,13 +146,8 @@ def check_setup(cfg: RunConfig) -> tuple[Any, list[str]]:
     from turnopd.distill import Setup
 
     spec = make_env_spec(cfg.env, cfg.data_dir)
-    eval_split = cfg.eval.split or cfg.env.eval_split
-    train_tasks = recipe_split_tasks(spec, cfg.env.train_split, "env.train_split")
-    eval_tasks = recipe_split_tasks(spec, eval_split, "eval.split" if cfg.eval.split else "env.eval_split")
-    eval_tasks = eval_tasks[: cfg.eval.max_tasks]
-    if not train_tasks or not eval_tasks:
-        raise RecipeError(f"env {cfg.env.name!r}: split {cfg.env.train_split!r} has {len(train_tasks)} tasks and "
-                          f"{eval_split!r} has {len(eval_tasks)} after env.task_types/max_tasks; both need some")
+    _, train_tasks, eval_split, eval_tasks = train_and_eval_tasks(spec, cfg.env, eval_split=cfg.eval.split,
+                                                                   max_eval_tasks=cfg.eval.max_tasks)
     notes = [f"student: {check_student(cfg.student)}"]
     teacher_specs = {}
     for env, path in cfg.teachers.items():

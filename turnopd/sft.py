@@ -43,7 +43,7 @@ from turnopd.config import (
     compose,
     validate,
 )
-from turnopd.preflight import recipe_split_tasks
+from turnopd.preflight import train_and_eval_tasks
 from turnopd.progress import progress_bar
 from turnopd.types import describe_env_errors
 
@@ -331,14 +331,9 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
 
     wall_start = time.perf_counter()
     spec = make_env_spec(cfg.env, cfg.data_dir)
-    split = cfg.demos.split or cfg.env.train_split
-    eval_split = cfg.eval.split or cfg.env.eval_split
-    train_tasks = recipe_split_tasks(spec, split, "demos.split" if cfg.demos.split else "env.train_split")
-    eval_tasks = recipe_split_tasks(spec, eval_split, "eval.split" if cfg.eval.split else "env.eval_split")
-    eval_tasks = eval_tasks[: cfg.eval.max_tasks]
-    if not train_tasks or not eval_tasks:
-        raise RecipeError(f"env {cfg.env.name!r}: split {split!r} has {len(train_tasks)} tasks and {eval_split!r} "
-                          f"has {len(eval_tasks)} after env.task_types/eval.max_tasks; both need some")
+    split, train_tasks, eval_split, eval_tasks = train_and_eval_tasks(
+        spec, cfg.env, eval_split=cfg.eval.split, max_eval_tasks=cfg.eval.max_tasks,
+        train_split=cfg.demos.split, train_key="demos.split")
     model_dir = Path(cfg.model.path).expanduser()
     # one figure for both: a tiny model's tokenizer is trained on the same expert episodes, so
     # preparing it plays the demonstrations and collect_demonstrations reads them from the cache
