@@ -28,6 +28,8 @@ def test_the_record_counts_env_failures_and_reads_back():
     result = EvalResult("valid_unseen", 1, 0.25, {"look": 0.25}, 4, 12.5, {"disk full": 2, "worker died": 1})
     record = result.record()
     assert record["env_failures"] == 3 and record["env_errors"] == {"disk full": 2, "worker died": 1}
+    assert result.describe_env_failures() == (  # of num_tasks x k = 4 x 1 episodes
+        "3 of 4 episodes were ended by the env, not the agent: disk full (x2); worker died (x1)")
     again = EvalResult.from_record(record)
     assert again == result and again.env_failures == 3
     # records written before env errors were kept read back with none

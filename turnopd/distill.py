@@ -201,8 +201,7 @@ def run_distillation(cfg: RunConfig, resume: str | None = None) -> dict[str, Any
             print(f"{who}: Avg@{result.k} {100 * result.avg_at_k:.1f}% on {result.num_tasks} {result.split} tasks "
                   f"(mean {result.mean_turns:.1f} turns)", flush=True)
             if result.env_failures:
-                print(f"WARNING: {who} eval: {describe_env_errors(result.env_errors, result.num_tasks * result.k)}; "
-                      "they count as lost", flush=True)
+                print(f"WARNING: {who} eval: {result.describe_env_failures()}; they count as lost", flush=True)
         if writer is not None:
             writer.write({"kind": kind, "step": step, "train_time_s": ledger.train_time(),
                           "eval_time_s": ledger.step_phases.get("eval", 0.0), **result.record()})

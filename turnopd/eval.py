@@ -13,7 +13,7 @@ from envs.base import EnvSpec
 from turnopd.config import EnvConfig, PolicyConfig
 from turnopd.rollout import Policy, SamplingParams
 from turnopd.rollout.engine import rollout
-from turnopd.types import Trajectory, env_errors
+from turnopd.types import Trajectory, describe_env_errors, env_errors
 
 
 @dataclass
@@ -30,6 +30,10 @@ class EvalResult:
     @property
     def env_failures(self) -> int:
         return sum(self.env_errors.values())
+
+    def describe_env_failures(self) -> str:
+        """describe_env_errors over this evaluation's num_tasks x k episodes."""
+        return describe_env_errors(self.env_errors, self.num_tasks * self.k)
 
     def record(self) -> dict:
         return {"split": self.split, "k": self.k, "avg_at_k": self.avg_at_k, "per_type": self.per_type,

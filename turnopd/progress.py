@@ -84,8 +84,8 @@ def print_summary(cfg, summary: dict[str, Any]) -> None:
     console.print(table)
     for who, result in (("teacher", teacher), ("student before", before), ("student after", after)):
         if result is not None and result.env_failures:
-            console.print(f"{who}: {describe_env_errors(result.env_errors, result.num_tasks * result.k)} "
-                          "(counted as lost)", style="yellow", markup=False, soft_wrap=True)
+            console.print(f"{who}: {result.describe_env_failures()} (counted as lost)", style="yellow", markup=False,
+                          soft_wrap=True)
     if after is not None and after.per_type:
         console.print("per task type (after): " + ", ".join(f"{k} {_pct(v)}" for k, v in after.per_type.items()))
     phases = summary["phases"]

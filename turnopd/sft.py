@@ -45,7 +45,6 @@ from turnopd.config import (
 )
 from turnopd.preflight import train_and_eval_tasks
 from turnopd.progress import progress_bar
-from turnopd.types import describe_env_errors
 
 DEMOS_DIR = Path.home() / ".cache" / "turnopd" / "demos"
 
@@ -380,6 +379,7 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
     dtype = str(resolve_dtype(cfg.trainer.dtype)).removeprefix("torch.")
     eval_start = time.perf_counter()
     avg_at_1, per_type, mean_turns = float("nan"), {}, float("nan")
+    held_out = "not evaluated"
     if cfg.eval.enabled:
         policy = POLICY_BACKENDS.get(cfg.policy.backend)(str(output), cfg.policy, dtype=dtype, seed=cfg.seed)
         with EnvPool(spec, cfg.env.num_workers, cfg.env.step_timeout_s) as pool:
@@ -387,15 +387,12 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
                               policy_config=cfg.policy, k=1, seed=cfg.seed)
         policy.close()
         avg_at_1, per_type, mean_turns = result.avg_at_k, result.per_type, result.mean_turns
+        held_out = f"held-out Avg@1 {100 * avg_at_1:.1f}% on {len(eval_tasks)} {eval_split} tasks"
         if result.env_failures:
-            print(f"WARNING: held-out eval: {describe_env_errors(result.env_errors, len(eval_tasks))}; "
-                  "they count as lost", flush=True)
+            print(f"WARNING: held-out eval: {result.describe_env_failures()}; they count as lost", flush=True)
+            held_out += f", {result.env_failures} of them ended by env errors"
     eval_time = time.perf_counter() - eval_start
 
-    held_out = (f"held-out Avg@1 {100 * avg_at_1:.1f}% on {len(eval_tasks)} {eval_split} tasks" if cfg.eval.enabled
-                else "not evaluated")
-    if cfg.eval.enabled and result.env_failures:
-        held_out += f", {result.env_failures} of them ended by env errors"
     spec_path = _write_teacher_spec(cfg, output, tokenizer, recipe, dtype, held_out) if cfg.teacher_spec else None
     final = [loss for loss, _ in losses[-10:]]
     summary = SFTResult(
