@@ -150,7 +150,7 @@ def engine_report(rows: list[dict]) -> str:
             batch_wall = f"{statistics.median(walls):.1f} s" if walls else "(no batches)"
             lines.append(f"| {backend} | {mode} | {statistics.median(rates):.1f} ({min(rates):.1f}-{max(rates):.1f}) | "
                          f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | "
-                         f"{calls:.0f} | {'' if per_call is None else f'{per_call:.1f}'} | "
+                         f"{f'{calls:.0f}' if calls else '– (continuous)'} | {'–' if per_call is None else f'{per_call:.1f}'} | "
                          f"{batch_wall} |")
     return "\n".join(lines)
 
