@@ -18,15 +18,20 @@ final sampled Avg@4 at the rollouts' temperature):
 Each regime is `turnopd sweep` (turnopd.orchestration.sweep: seed 0 of every arm, then seed 1, ...;
 a run's line gives the sweep's elapsed time and ETA; a sweep started again skips complete runs and
 resumes an interrupted one from its last checkpoint), then `turnopd frontier` on its runs. The runs
-the README reports are copied (metrics and configs) into benchmarks/results/frontier_alfworld/.
+the README reports are copied (metrics and configs) into benchmarks/results/frontier_alfworld/<regime>/
+(`--save-to`) as each regime ends, so `turnopd frontier` regenerates the tables from them alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+from turnopd.orchestration.sweep import run_state
 
 COMMON = ["eval.every=8", "eval.final_k=4", "eval.temperature=0.5", "eval.teacher=true", "checkpoint.every=8",
           "tensorboard=false"]
@@ -39,11 +44,24 @@ REGIMES = {
 }
 
 
+def save_runs(runs_dir: Path, save_dir: Path) -> None:
+    """Copy each complete run's metrics.jsonl and config.yaml (all `turnopd frontier` reads)."""
+    for run in sorted(p.parent for p in runs_dir.glob("*/metrics.jsonl")):
+        if run_state(run) != "complete":
+            continue  # interrupted: the sweep resumes it next time
+        (save_dir / run.name).mkdir(parents=True, exist_ok=True)
+        for name in ("metrics.jsonl", "config.yaml"):
+            shutil.copy2(run / name, save_dir / run.name / name)
+    print(f"saved the complete runs of {runs_dir} to {save_dir}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--regimes", default=",".join(REGIMES), help=f"comma-separated: {', '.join(REGIMES)}")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--out-dir", default="runs/frontier_alfworld")
+    p.add_argument("--save-to", default="benchmarks/results/frontier_alfworld",
+                   help="where each complete run's metrics.jsonl and config.yaml are copied")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides for every run")
     args = p.parse_args()
     start, code = time.perf_counter(), 0
@@ -54,6 +72,7 @@ def main() -> int:
                    "--out", f"{args.out_dir}/{regime}/frontier.png", *COMMON, *overrides, *args.overrides]
         print(f"== regime {regime}\n$ " + " ".join(command), flush=True)
         code = subprocess.call(command) or code
+        save_runs(Path(args.out_dir) / regime, Path(args.save_to) / regime)
     print(f"experiment finished in {(time.perf_counter() - start) / 60:.1f} min (exit {code})")
     return code
 

@@ -206,6 +206,24 @@ def test_speedup_against_the_baseline(tmp_path: Path):
     assert [r.speedup for r in by_fast.rows] == [None, 1.0, None]
 
 
+def test_the_target_is_on_the_curves_metric_not_the_final_sampled_one(tmp_path: Path):
+    # greedy Avg@1 along the way, then a final sampled Avg@4 that scores lower (0.3)
+    runs = [write_run(tmp_path, "opd", method="vanilla_opd", total_steps=2, train=[(1, 100.0), (2, 200.0)],
+                      evals=[(0, 0.0, 0.2), (1, 100.0, 0.4), (2, 200.0, 0.5)]),
+            write_run(tmp_path, "td", method="turnopd", total_steps=2, train=[(1, 50.0), (2, 100.0)],
+                      evals=[(0, 0.0, 0.2), (1, 50.0, 0.35), (2, 100.0, 0.5)])]
+    with (runs[0] / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"kind": "final_eval", "step": 2, "train_time_s": 200.0, "split": "valid_unseen",
+                            "k": 4, "avg_at_k": 0.3, "eval_time_s": 2.0}) + "\n")
+    cmp = compare([load_run(d) for d in runs])
+    opd, td = cmp.rows
+    assert opd.final.mean == 0.3  # the final column is the sampled evaluation
+    # against 0.3 both would "reach" it at their first evaluation (0.4 at 100 s, 0.35 at 50 s: 2x);
+    # against the curve's own 0.5: 200 s vs 100 s
+    assert cmp.target == 0.5 and cmp.baseline_time_s == 200.0
+    assert td.time_to_target_s == 100.0 and td.speedup == 2.0
+
+
 def test_seeds_of_a_method_are_aggregated(tmp_path: Path):
     def run(name: str, method: str, seed: int, evals):
         # config.yaml differs between seeds only in the per-run keys, so the seeds form one group

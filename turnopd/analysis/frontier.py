@@ -524,7 +524,7 @@ class Comparison:
     same_step: int
     least_time_s: float
     least_time_run: str  # the run that set the Least-Time point
-    target: float | None  # the baseline's final Avg@k (seed mean)
+    target: float | None  # the baseline's last evaluation along the way (seed mean)
     baseline_time_s: float | None  # when the baseline first reached it
 
 
@@ -538,8 +538,10 @@ def compare(runs: Sequence[Run], baseline: str | None = None, seed: int = 0) -> 
     base = resolve_baseline(groups, baseline)
     step_point, time_point = same_step(runs), least_time(runs)
     fastest = min(runs, key=lambda run: run.train_time_s)
-    base_final = mean_spread(run.final.avg_at_k if run.final else None for run in base.runs)
-    target = base_final.mean if base_final else None
+    # the target is on the curve's own metric (the last evaluation along the way, e.g. greedy Avg@1),
+    # not the final sampled Avg@k, which may be another k and temperature
+    base_last = mean_spread(run.evals[-1].avg_at_k if run.evals else None for run in base.runs)
+    target = base_last.mean if base_last else None
     base_time, base_work = reach(base.runs, target) if target is not None else (None, None)
     base_finals = {run.seed: run.final for run in base.runs if run.final}
 

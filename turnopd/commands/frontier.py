@@ -193,7 +193,7 @@ def notes(cmp: Comparison, runs: Sequence[Run]) -> list[str]:
                  "one; its 95% interval and the difference from the baseline's are bootstrap intervals over "
                  "the held-out tasks (paired) and the seeds (2000 resamples).")
     if cmp.target is not None:
-        lines.append(f"speedup = {cmp.baseline.label}'s training time to reach its final accuracy "
+        lines.append(f"speedup = {cmp.baseline.label}'s training time to reach the accuracy of its last evaluation "
                      f"({100 * cmp.target:.1f}% at {_duration(cmp.baseline_time_s)}) / the run's time to "
                      "reach it, reached = the first evaluation after step 0 from which the seed-mean accuracy "
                      "stays at or above it; work ratios the same with the work done by then; intervals over "
