@@ -6,6 +6,7 @@
     dtype: float32                # auto | float32 | bfloat16 | float16
     max_length: 2048              # context length the backend uses (vLLM: max_model_len)
     url: http://127.0.0.1:8000    # vllm_server only: where `turnopd teacher serve` listens
+    urls: []                      # vllm_server only, instead of url: one per replica (least-loaded, with failover)
     tokenizer: null               # vllm_server only: local tokenizer dir for the start-up guard (default: model)
     options: {}                   # backend settings (see each backend's docstring)
     sft_recipe: null              # an SFT recipe that trains this teacher: built into `model` when missing
@@ -48,6 +49,7 @@ class TeacherSpec:
     dtype: str = field(default="auto", metadata={"choices": ("auto", "float32", "bfloat16", "float16")})
     max_length: int = field(default=2048, metadata={"range": (2, None)})
     url: str | None = None
+    urls: list[str] = field(default_factory=list)
     tokenizer: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     sft_recipe: str | None = None
@@ -91,17 +93,25 @@ def load_teacher_spec(path: str | os.PathLike[str]) -> TeacherSpec:
             raise TeacherSpecError(f"teacher spec {spec_path}: key 'sft_recipe': {spec.sft_recipe} not found")
         if not Path(spec.model).is_absolute():  # missing yet: it is built where the spec says
             spec.model = str((spec_path.parent / spec.model).resolve())
-    if spec.backend == "vllm_server" and not spec.url:
+    if spec.backend == "vllm_server" and not server_urls(spec):
         raise TeacherSpecError(f"teacher spec {spec_path}: backend vllm_server needs `url` (where "
-                               f"`turnopd teacher serve {spec_path}` listens, e.g. http://127.0.0.1:8000)")
+                               f"`turnopd teacher serve {spec_path}` listens, e.g. http://127.0.0.1:8000) "
+                               "or `urls` (one per replica)")
+    if spec.url and spec.urls:
+        raise TeacherSpecError(f"teacher spec {spec_path}: give `url` or `urls`, not both")
     return spec
+
+
+def server_urls(spec: TeacherSpec) -> list[str]:
+    """A vllm_server spec's replicas: `urls`, else the one `url`."""
+    return [u.rstrip("/") for u in (spec.urls or ([spec.url] if spec.url else []))]
 
 
 def save_teacher_spec(spec: TeacherSpec, path: str | os.PathLike[str], comment: str = "") -> Path:
     """Write a teacher.yaml (under `comment`, as YAML comment lines); the model and sft_recipe paths
     are stored relative to the spec's folder when they lie under the repository, so the checkout can move."""
     path = Path(path)
-    data = {k: v for k, v in vars(spec).items() if k != "source" and v not in (None, {})}
+    data = {k: v for k, v in vars(spec).items() if k != "source" and v not in (None, {}, [])}
     for key in ("model", "sft_recipe"):
         if data.get(key) and Path(data[key]).resolve().is_relative_to(REPO_ROOT):
             data[key] = os.path.relpath(Path(data[key]).resolve(), path.parent.resolve())

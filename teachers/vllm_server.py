@@ -1,32 +1,113 @@
-"""The `vllm_server` teacher: scores through vLLM's OpenAI-compatible server
+"""The `vllm_server` teacher: scores through vLLM's OpenAI-compatible servers, one per replica
 (`turnopd teacher serve SPEC` starts one; any vLLM server of the same model works).
 
-One request per batch of sequences: POST {url}/v1/completions with token-id prompts,
-`max_tokens: 1` and `prompt_logprobs: k`. Connection errors, timeouts and 5xx answers are retried
-with exponential backoff; when no answer came within `timeout_s`, a TeacherServerError says so.
-A 4xx answer (a request the server refuses, e.g. a sequence too long) fails at once.
+One request per batch of sequences: POST {replica}/v1/completions with token-id prompts,
+`max_tokens: 1` and `prompt_logprobs: k`. With several replicas (spec.urls) the batches go out at
+once, each to the replica with the fewest sequences outstanding (least-loaded, so a slow replica
+gets less). A replica that fails (connection error, timeout, HTTP 5xx, an answer that is not what
+was asked: malformed JSON, a wrong number of choices or of prompt log-probs) is marked down and the
+batch goes to another at once; a down replica is tried again (the next request is its probe) after
+a back-off that doubles from `backoff_s` up to `max_backoff_s`, and is back as soon as it answers.
+When no replica answered a batch within `timeout_s`, a TeacherServerError names every replica and
+its last error. A 4xx answer (a request the server refuses, e.g. a sequence too long) fails at
+once: every replica would refuse it.
 
-spec.url: the server's base URL. spec.options: `batch_size` (sequences per request, default 16),
-`timeout_s` (per batch, retries included, default 300), `backoff_s` (first retry delay, default
-0.5, doubling up to `max_backoff_s`, default 8), `served_model_name` (default spec.name),
-`max_logprobs` (the server's cap on k, default 20). spec.tokenizer (default spec.model) is a local
-tokenizer folder, used for the start-up tokenizer guard.
+spec.url or spec.urls: the servers' base URLs. spec.options: `batch_size` (sequences per request,
+default 16), `timeout_s` (per batch, retries included, default 300), `request_timeout_s` (one
+request to one replica, default 60: a hung replica is given up after it), `backoff_s` (default 0.5),
+`max_backoff_s` (default 8), `served_model_name` (default spec.name), `max_logprobs` (the server's
+cap on k, default 20). spec.tokenizer (default spec.model) is a local tokenizer folder, used for the
+start-up tokenizer guard. `take_replica_stats()` gives each replica's requests, failures and mean
+latency since the last call (the distillation loop writes them into metrics.jsonl per step).
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import requests
 
 from teachers.base import TEACHER_BACKENDS, TokenScores, check_sequences
-from teachers.spec import TeacherSpec, max_logprobs
+from teachers.spec import TeacherSpec, max_logprobs, server_urls
 from teachers.vllm_teacher import scores_from_prompt_logprobs
 
 
 class TeacherServerError(RuntimeError):
-    """The teacher server did not answer in time, or refused a request."""
+    """No teacher replica answered in time, or a request was refused."""
+
+
+class ReplicaFault(Exception):
+    """One replica did not answer as asked: try another."""
+
+
+@dataclass
+class Replica:
+    url: str
+    outstanding: int = 0  # sequences sent to it and not answered yet
+    down_until: float = 0.0  # monotonic time before which it is not tried (0: up)
+    backoff_s: float = 0.0  # the next back-off if it fails again
+    last_error: str = ""
+    requests: int = 0  # since the last take_replica_stats
+    failures: int = 0
+    latency_s: float = 0.0  # summed over answered requests
+
+
+class Replicas:
+    """Least-loaded choice among the replicas that are up; failures mark a replica down for a back-off."""
+
+    def __init__(self, urls: list[str], backoff_s: float, max_backoff_s: float):
+        self.replicas = [Replica(url, backoff_s=backoff_s) for url in urls]
+        self.first_backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self.lock = threading.Lock()
+
+    def acquire(self, sequences: int) -> Replica | float:
+        """The least-loaded replica that may be tried now (its outstanding count raised), else the
+        seconds until the first down one may be tried again."""
+        with self.lock:
+            now = time.monotonic()
+            ready = [r for r in self.replicas if r.down_until <= now]
+            if not ready:
+                return min(r.down_until for r in self.replicas) - now
+            replica = min(ready, key=lambda r: r.outstanding)
+            replica.outstanding += sequences
+            return replica
+
+    def release(self, replica: Replica, sequences: int) -> None:
+        with self.lock:
+            replica.outstanding -= sequences
+
+    def answered(self, replica: Replica, sequences: int, latency_s: float) -> None:
+        with self.lock:
+            replica.outstanding -= sequences
+            replica.requests += 1
+            replica.latency_s += latency_s
+            replica.down_until, replica.backoff_s = 0.0, self.first_backoff_s
+
+    def failed(self, replica: Replica, sequences: int, error: str) -> None:
+        with self.lock:
+            replica.outstanding -= sequences
+            replica.requests += 1
+            replica.failures += 1
+            replica.last_error = error
+            replica.down_until = time.monotonic() + replica.backoff_s
+            replica.backoff_s = min(2 * replica.backoff_s, self.max_backoff_s)
+
+    def take_stats(self) -> dict[str, dict[str, Any]]:
+        with self.lock:
+            stats = {r.url: {"requests": r.requests, "failures": r.failures, "up": r.down_until == 0.0,
+                             "mean_latency_s": r.latency_s / max(r.requests - r.failures, 1)}
+                     for r in self.replicas}
+            for r in self.replicas:
+                r.requests = r.failures = 0
+                r.latency_s = 0.0
+            return stats
+
+    def describe(self) -> str:
+        return "; ".join(f"{r.url}: {r.last_error or 'no error'}" for r in self.replicas)
 
 
 @TEACHER_BACKENDS.register("vllm_server")
@@ -38,68 +119,105 @@ class VLLMServerTeacher:
         return max_logprobs(spec)  # the server's --max-logprobs (server_command)
 
     def __init__(self, spec: TeacherSpec):
-        if not spec.url:
-            raise ValueError(f"teacher {spec.name}: backend vllm_server needs spec.url")
+        urls = server_urls(spec)
+        if not urls:
+            raise ValueError(f"teacher {spec.name}: backend vllm_server needs spec.url or spec.urls")
         self.name = spec.name
-        self.url = spec.url.rstrip("/")
         options = spec.options
         self.model_name = str(options.get("served_model_name", spec.name))
         self.batch_size = int(options.get("batch_size", 16))
         self.timeout_s = float(options.get("timeout_s", 300.0))
+        self.request_timeout_s = float(options.get("request_timeout_s", 60.0))
         self.backoff_s = float(options.get("backoff_s", 0.5))
-        self.max_backoff_s = float(options.get("max_backoff_s", 8.0))
+        self.replicas = Replicas(urls, self.backoff_s, float(options.get("max_backoff_s", 8.0)))
         self.max_logprobs = max_logprobs(spec)
         # the server reserves one position for the token it generates
         self.max_length = spec.max_length - 1
         self.tokenizer = _local_tokenizer(spec.tokenizer or spec.model)
         self.session = requests.Session()
+        self.pool = ThreadPoolExecutor(max_workers=len(urls), thread_name_prefix="turnopd-teacher")
 
     def score(self, sequences: list[list[int]], topk: int = 0) -> list[TokenScores]:
         check_sequences(sequences, self.max_length, self.name)
         if topk > self.max_logprobs:
             raise ValueError(f"teacher {self.name}: top-k {topk} > the server's max_logprobs {self.max_logprobs}")
-        scores: list[TokenScores] = []
-        for start in range(0, len(sequences), self.batch_size):
-            batch = [list(map(int, s)) for s in sequences[start : start + self.batch_size]]
-            answer = self._post({"model": self.model_name, "prompt": batch, "max_tokens": 1,
-                                 "temperature": 0.0, "prompt_logprobs": topk})
-            choices = sorted(answer["choices"], key=lambda c: c["index"])
-            if len(choices) != len(batch):
-                raise TeacherServerError(f"teacher server {self.url} answered {len(choices)} choices for "
-                                         f"{len(batch)} prompts")
-            for seq, choice in zip(batch, choices, strict=True):
-                entries = [None, *({int(t): (e["logprob"], e["rank"]) for t, e in entry.items()}
-                                   for entry in choice["prompt_logprobs"][1:])]
-                scores.append(scores_from_prompt_logprobs(seq, entries, topk))
-        return scores
+        batches = [[list(map(int, s)) for s in sequences[start : start + self.batch_size]]
+                   for start in range(0, len(sequences), self.batch_size)]
+        # one request per replica at a time (one replica: one after the other, as a single server)
+        return [scores for batch in self.pool.map(lambda b: self._score_batch(b, topk), batches) for scores in batch]
 
-    def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """POST to /v1/completions, retrying connection errors, timeouts and 5xx until timeout_s."""
-        url = f"{self.url}/v1/completions"
+    def _score_batch(self, batch: list[list[int]], topk: int) -> list[TokenScores]:
+        payload = {"model": self.model_name, "prompt": batch, "max_tokens": 1, "temperature": 0.0,
+                   "prompt_logprobs": topk}
         deadline = time.monotonic() + self.timeout_s
-        delay, attempts = self.backoff_s, 0
+        attempts = 0
         while True:
-            attempts += 1
-            try:
-                response = self.session.post(url, json=payload, timeout=max(1.0, deadline - time.monotonic()))
-                if response.status_code < 500:
-                    if response.status_code >= 400:
-                        raise TeacherServerError(f"teacher server {url} refused the request "
-                                                 f"(HTTP {response.status_code}): {response.text[:500]}")
-                    return response.json()
-                last_error = f"HTTP {response.status_code}: {response.text[:200]}"
-            except (requests.ConnectionError, requests.Timeout) as exc:
-                last_error = f"{type(exc).__name__}: {exc}"
+            replica = self.replicas.acquire(len(batch))
+            if isinstance(replica, Replica):
+                attempts += 1
+                started = time.monotonic()
+                try:
+                    scores = _parse(self._post(replica.url, payload, deadline), batch, topk)
+                except ReplicaFault as exc:
+                    self.replicas.failed(replica, len(batch), str(exc))
+                except BaseException:  # a refused request: no fault of the replica's
+                    self.replicas.release(replica, len(batch))
+                    raise
+                else:
+                    self.replicas.answered(replica, len(batch), time.monotonic() - started)
+                    return scores
+                wait = 0.0
+            else:
+                wait = replica
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                urls = ", ".join(r.url for r in self.replicas.replicas)
                 raise TeacherServerError(
-                    f"teacher server {url} gave no answer within {self.timeout_s:g} s ({attempts} attempts); "
-                    f"last error: {last_error}. Is it running? Start it with `turnopd teacher serve SPEC`.")
-            time.sleep(min(delay, remaining))  # the last try comes at the deadline
-            delay = min(2 * delay, self.max_backoff_s)
+                    f"teacher server {urls} gave no answer within {self.timeout_s:g} s ({attempts} attempts); "
+                    f"last errors: {self.replicas.describe()}. Is it running? Start it with "
+                    "`turnopd teacher serve SPEC`, then continue the run with --resume RUN_DIR.")
+            time.sleep(min(wait, remaining))  # the last try comes at the deadline
+
+    def _post(self, url: str, payload: dict[str, Any], deadline: float) -> Any:
+        """One POST to one replica: its JSON answer; ReplicaFault where another replica may do better."""
+        timeout = max(0.5, min(self.request_timeout_s, deadline - time.monotonic()))
+        try:
+            response = self.session.post(f"{url}/v1/completions", json=payload, timeout=timeout)
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            raise ReplicaFault(f"{type(exc).__name__}: {exc}") from None
+        if response.status_code >= 500:
+            raise ReplicaFault(f"HTTP {response.status_code}: {response.text[:200]}")
+        if response.status_code >= 400:
+            raise TeacherServerError(f"teacher server {url} refused the request "
+                                     f"(HTTP {response.status_code}): {response.text[:500]}")
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise ReplicaFault(f"malformed JSON ({exc}): {response.text[:200]!r}") from None
+
+    def take_replica_stats(self) -> dict[str, dict[str, Any]]:
+        """Per replica URL: requests, failures, up, mean latency of the answered ones, since the last call."""
+        return self.replicas.take_stats()
 
     def close(self) -> None:
+        self.pool.shutdown(wait=True)
         self.session.close()
+
+
+def _parse(answer: Any, batch: list[list[int]], topk: int) -> list[TokenScores]:
+    """The batch's scores from a completions answer; ReplicaFault when it is not the answer asked for."""
+    try:
+        choices = sorted(answer["choices"], key=lambda c: c["index"])
+        if len(choices) != len(batch):
+            raise ValueError(f"{len(choices)} choices for {len(batch)} prompts")
+        scores = []
+        for seq, choice in zip(batch, choices, strict=True):
+            entries = [None, *({int(t): (e["logprob"], e["rank"]) for t, e in entry.items()}
+                               for entry in choice["prompt_logprobs"][1:])]
+            scores.append(scores_from_prompt_logprobs(seq, entries, topk))
+        return scores
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ReplicaFault(f"an answer that is not the one asked for: {type(exc).__name__}: {exc}") from None
 
 
 def _local_tokenizer(path: str) -> Any:

@@ -4,6 +4,7 @@ kill -9 and resume, and the checks that run before any heavy work."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -120,17 +121,40 @@ def test_run_records_then_kill_and_resume_continue_exactly(models):
     # the training clock continues from the checkpoint instead of restarting at zero
     assert train_b[2]["train_time_s"] > train_b[1]["train_time_s"]
 
+    # A torn latest checkpoint (its files cut to half, as by a full disk): resume passes over it with a
+    # warning and continues from the one before, so step 4 is trained again, to the same loss.
+    for f in (run_b / "checkpoints" / "step_000004").rglob("*"):
+        if f.is_file() and f.name != "loop_state.json":
+            f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    again = _distill(models, "name=killed", "--resume", str(run_b))
+    out_c, _ = again.communicate(timeout=900)
+    assert again.returncode == 0, out_c
+    assert "step_000004 cannot be read" in out_c and "from step 3" in out_c
+    train_c = _train_records(run_b)
+    assert [r["step"] for r in train_c] == [1, 2, 3, 4]
+    assert train_c[3]["loss"] == pytest.approx(train[3]["loss"], rel=1e-5, abs=1e-7)
+
+
+def _torchrun_env() -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)  # this process may have joined a one-process group of its own
+    return env
+
+
+def _torchrun(launcher: list[str], models: Path, name: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *launcher, "-m", "turnopd.cli", "distill",
+            str(models / "recipe.yaml"), f"name={name}", "checkpoint.every=2"]
+
 
 @pytest.mark.slow
 def test_data_parallel_under_torchrun(models):
     """Two gloo processes under torchrun: one run folder, a step's episodes split between the ranks
-    (episodes_per_step is global), evaluation tasks sharded and gathered."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)  # this process may have joined a one-process group of its own
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "turnopd.cli",
-                          "distill", str(models / "recipe.yaml"), "name=dp", "checkpoint.every=2"],
-                         env=env, capture_output=True, text=True, timeout=900)
+    (episodes_per_step is global), evaluation tasks sharded and gathered. Then the same as two
+    "nodes" of one process each (two torchrun launches, --nnodes 2 with --node-rank 0 and 1 and a
+    static rendezvous on 127.0.0.1, as on a cluster): the same losses."""
+    out = subprocess.run(_torchrun(["--nproc-per-node", "2"], models, "dp"), env=_torchrun_env(),
+                         capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     records = read_metrics(models / "runs" / "dp" / "metrics.jsonl")
     assert records[0]["world_size"] == 2
@@ -141,6 +165,22 @@ def test_data_parallel_under_torchrun(models):
     evals = [r for r in records if r["kind"] == "eval"]
     assert [(r["step"], r["num_tasks"]) for r in evals] == [(0, 1), (4, 1)]
     assert sorted(p.name for p in (models / "runs" / "dp" / "checkpoints").iterdir()) == ["step_000002", "step_000004"]
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    nodes = [subprocess.Popen(_torchrun(["--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(rank),
+                                         "--master-addr", "127.0.0.1", "--master-port", str(port)], models, "two-nodes"),
+                              env=_torchrun_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in (0, 1)]
+    outs = [node.communicate(timeout=900)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-3000:] for o in outs)
+    two_nodes = read_metrics(models / "runs" / "two-nodes" / "metrics.jsonl")
+    assert two_nodes[0]["world_size"] == 2
+    train_nodes = [r for r in two_nodes if r["kind"] == "train"]
+    assert [r["step"] for r in train_nodes] == [1, 2, 3, 4]
+    assert [r["loss"] for r in train_nodes] == pytest.approx([r["loss"] for r in train], rel=1e-5, abs=1e-7)
+    assert [r["tokens_trained"] for r in train_nodes] == [r["tokens_trained"] for r in train]
 
 
 def test_a_step_the_env_ended_entirely_stops_the_run_naming_the_env_error(models, tmp_path):

@@ -85,11 +85,6 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    found = list_checkpoints(run_dir)
-    return found[-1] if found else None
-
-
 def load_loop_state(ckpt: Path) -> dict[str, Any]:
     with open(ckpt / LOOP_STATE, encoding="utf-8") as f:
         return json.load(f)

@@ -10,7 +10,9 @@ Record kinds (field "kind"):
   step), probed (bool), alpha, loss, mean_kl, turn_kl_profile [per turn], deep_turn_share,
   probes (probe episodes this step), h_cov_measured (False: too few probes succeeded, H_cov is the
   fallback's), tokens_generated, tokens_scored (run through the teacher), tokens_trained,
-  env_steps, mean_turns, success_rate, invalid_action_rate, skipped (bool).
+  env_steps, mean_turns, success_rate, invalid_action_rate, skipped (bool),
+  teacher_replicas {teacher: {replica url: requests, failures, up, mean_latency_s this step}}
+  (vllm_server teachers scoring in the training process).
   step_time_s (this step's wall-clock, eval and checkpoint excluded), generator_phases {the generator
   process's startup, idle and weight_sync seconds this step; empty in sync mode},
   pipeline {mode, weight_version (the trainer's), staleness_max, staleness_mean (versions the

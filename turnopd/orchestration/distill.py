@@ -140,6 +140,21 @@ def build_missing_models(cfg: RunConfig, setup: Setup) -> None:
     barrier()
 
 
+def restore_checkpoint(run_dir: Path, trainer: Trainer) -> Path | None:
+    """Load the newest checkpoint that reads back into the trainer (a torn or corrupted one, say by a
+    full disk or a copy cut short, is passed over with a warning: the one before it is complete)."""
+    for checkpoint in reversed(ckpt.list_checkpoints(run_dir)):
+        try:
+            ckpt.load_loop_state(checkpoint)
+            trainer.load(checkpoint)
+            ckpt.load_rng(checkpoint)
+            return checkpoint
+        except Exception as exc:  # noqa: BLE001 - whatever the damage, the previous checkpoint may do
+            print(f"warning: checkpoint {checkpoint} cannot be read ({type(exc).__name__}: {str(exc)[:300]}); "
+                  "trying the one before it", file=sys.stderr, flush=True)
+    return None
+
+
 def open_run(cfg: RunConfig, resume: str | None = None) -> Run:
     """Check the recipe's setup (before any heavy work), build and load the models, and restore the
     last checkpoint of a resumed run (a run killed before its first checkpoint starts over)."""
@@ -160,14 +175,12 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> Run:
     depth = make_depth_schedule(cfg.depth)
 
     start_step, ledger = 0, Ledger()
-    resume_from = ckpt.latest_checkpoint(run_dir) if resume else None
+    resume_from = restore_checkpoint(run_dir, trainer) if resume else None
     if resume_from is not None:
         state = ckpt.load_loop_state(resume_from)
-        trainer.load(resume_from)
         with trainer.gathered_parameters() as student_weights:
             policy.update_weights(student_weights)
         depth.load_state_dict(state["depth"])
-        ckpt.load_rng(resume_from)
         start_step = state["step"]
         ledger = Ledger(train_time_offset=state["train_time_s"], wall_time_offset=state["wall_time_s"])
     if resume and rank_and_world()[0] == 0:
@@ -195,7 +208,7 @@ def run_eval(cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Policy, step: 
 
 def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: DepthSchedule, plan: BatchPlan,
                 updated: bool, alpha: float, train: dict[str, Any], episodes: list[EpisodeSummary],
-                pipeline: PipelineStats) -> dict[str, Any]:
+                pipeline: PipelineStats, teacher_replicas: dict[str, Any]) -> dict[str, Any]:
     """One train record of metrics.jsonl (turnopd.core.metrics lists the fields). The work measures
     beside the clock: tokens generated, scored by the teacher and trained, env steps."""
     last = getattr(depth, "last", {}) if updated else {}
@@ -217,7 +230,15 @@ def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: Dept
         "truncated_rate": sum(e.truncated for e in episodes) / len(episodes),
         "invalid_action_rate": sum(e.invalid_actions for e in episodes) / max(turns, 1),
         "env_failures": sum(e.failed_by_env for e in episodes), "env_errors": env_errors(episodes),
+        "teacher_replicas": teacher_replicas,
     }
+
+
+def replica_stats(teachers: dict[str, Teacher]) -> dict[str, Any]:
+    """Per teacher served by replicas (vllm_server), each replica's requests, failures and latency
+    since the last step; the scoring done in this process (the generator process's is its own)."""
+    unique = {id(t): t for t in teachers.values()}.values()
+    return {t.name: t.take_replica_stats() for t in unique if hasattr(t, "take_replica_stats")}
 
 
 def train(run: Run) -> dict[str, Any]:
@@ -268,7 +289,7 @@ def train(run: Run) -> dict[str, Any]:
 
             done = step + 1
             record = step_record(done, ledger, ledger.end_step(), depth, plan, bool(probe_kl), alpha, result,
-                                 episodes, rollouts.stats())
+                                 episodes, rollouts.stats(), replica_stats(run.teachers))
             log.train(record)
             progress.update(record)
 

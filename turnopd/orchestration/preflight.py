@@ -101,7 +101,8 @@ def check_teacher(spec: Any) -> str:
         sft_recipe = getattr(spec, "sft_recipe", None)
         built = f"{spec.model}, built by `turnopd sft {sft_recipe}` at run time (missing now)" if sft_recipe else None
         if spec.backend == "vllm_server":
-            url = check_url(spec.url, "url")
+            key = "urls" if spec.urls else "url"
+            url = ", ".join(check_url(u, key) for u in (spec.urls or [spec.url]))
             served = spec.options.get("served_model_name", spec.name)
             tok_key = "tokenizer" if spec.tokenizer else "model"
             tokenizer = model_origin(spec.tokenizer or spec.model, tok_key, looked=looked)
