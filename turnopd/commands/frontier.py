@@ -91,11 +91,11 @@ def _metric_name(runs: Sequence[Run]) -> str:
     return f"Avg@{ks.pop()}" if len(ks) == 1 else "Avg@k"
 
 
-def _interval(value: Interval | None, scale: float = 100.0, fmt: str = "{:.1f}", sign: bool = False) -> str:
+def _interval(value: Interval | None, sign: bool = False) -> str:
+    """An accuracy interval in percent: value [lo, hi]."""
     if value is None:
         return "–"
-    pattern = fmt.replace("{:", "{:+" if sign else "{:", 1)
-    return f"{pattern.format(scale * value.value)} [{fmt.format(scale * value.lo)}, {fmt.format(scale * value.hi)}]"
+    return f"{100 * value.value:{'+' if sign else ''}.1f} [{100 * value.lo:.1f}, {100 * value.hi:.1f}]"
 
 
 def _ratio(value: float | None, interval: tuple[float, float] | None, reached: float | None) -> str:
@@ -121,7 +121,7 @@ def accuracy_table(cmp: Comparison, runs: Sequence[Run]) -> tuple[str, list[str]
     for row in cmp.rows:
         members = row.group.runs
         n = len(members)
-        seeds = ",".join(str(run.seed) for run in members if run.seed is not None) or "–"
+        seeds = f"{n} ({','.join(str(run.seed) for run in members if run.seed is not None) or '–'})"
         has_target = cmp.target is not None
         final = _interval(row.final_interval) if row.final_interval else _accuracy(row.final, n)
         work = row.work_ratio.get("env_steps")
@@ -134,7 +134,7 @@ def accuracy_table(cmp: Comparison, runs: Sequence[Run]) -> tuple[str, list[str]
                                                        if has_target else "–"),
             "1.00x" if row.group is cmp.baseline else (
                 "not reached" if has_target and row.time_to_target_s is None else
-                _interval(work, scale=1.0, fmt="{:.2f}") + "x" if work else "–"),
+                _ratio(work.value, (work.lo, work.hi), None) if work else "–"),
         ])
     return f"{_metric_name(runs)} (%) vs training wall-clock, against {cmp.baseline.label}", headers, rows
 
@@ -146,7 +146,8 @@ def work_table(cmp: Comparison) -> tuple[str, list[str], Rows]:
                *(f"{w.replace('_', ' ')} ratio to target" for w in WORK)]
     rows = [[row.group.label, *(f"{row.work.get(w, 0):,.0f}" for w in WORK),
              *("1.00x" if row.group is cmp.baseline else
-               (_interval(row.work_ratio[w], scale=1.0, fmt="{:.2f}") + "x" if w in row.work_ratio else "–")
+               (_ratio(row.work_ratio[w].value, (row.work_ratio[w].lo, row.work_ratio[w].hi), None)
+                if w in row.work_ratio else "–")
                for w in WORK)] for row in cmp.rows]
     return "Work done (tokens and env steps) and the baseline's work to its accuracy over this run's", headers, rows
 
