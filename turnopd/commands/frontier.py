@@ -259,7 +259,7 @@ def plot_frontier(cmp: Comparison, runs: Sequence[Run], by: Axis, out: Path) -> 
     import matplotlib.pyplot as plt
 
     scale, xlabel = _x_scale(by, max(run.extent(by) for run in runs))
-    fig, (acc_ax, depth_ax) = plt.subplots(2, 1, figsize=(10, 8), sharex=True, height_ratios=[3, 2])
+    fig, (acc_ax, depth_ax) = plt.subplots(2, 1, figsize=(13, 8), sharex=True, height_ratios=[3, 2])
     alpha_ax = depth_ax.twinx()
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     points = []
@@ -306,7 +306,7 @@ def plot_frontier(cmp: Comparison, runs: Sequence[Run], by: Axis, out: Path) -> 
     acc_ax.axvline(marker / scale, color="grey", linestyle="--", linewidth=0.8, label=f"{marker_label} point")
     acc_ax.set_ylabel(f"{_metric_name(runs)} (%)")
     acc_ax.set_title(f"Accuracy vs {'optimizer steps' if by == 'step' else 'training wall-clock'}")
-    acc_ax.legend(title=INTERPOLATION_NOTE, fontsize=8, title_fontsize=8, loc="lower right")
+    acc_ax.legend(title=INTERPOLATION_NOTE, fontsize=8, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     acc_ax.grid(alpha=0.3)
     depth_ax.set_ylabel("rollout-depth cap (turns, solid; probe steps ▼)")
     alpha_ax.set_ylabel("alpha (dashed)")
