@@ -134,7 +134,8 @@ class VLLMServerTeacher:
         # the server reserves one position for the token it generates
         self.max_length = spec.max_length - 1
         self.tokenizer = _local_tokenizer(spec.tokenizer or spec.model)
-        self.session = requests.Session()
+        self._local = threading.local()  # a requests.Session per scoring thread (Sessions are not thread-safe)
+        self._sessions: list[requests.Session] = []
         self.pool = ThreadPoolExecutor(max_workers=len(urls), thread_name_prefix="turnopd-teacher")
 
     def score(self, sequences: list[list[int]], topk: int = 0) -> list[TokenScores]:
@@ -182,7 +183,7 @@ class VLLMServerTeacher:
         """One POST to one replica: its JSON answer; ReplicaFault where another replica may do better."""
         timeout = max(0.5, min(self.request_timeout_s, deadline - time.monotonic()))
         try:
-            response = self.session.post(f"{url}/v1/completions", json=payload, timeout=timeout)
+            response = self._session().post(f"{url}/v1/completions", json=payload, timeout=timeout)
         except (requests.ConnectionError, requests.Timeout) as exc:
             raise ReplicaFault(f"{type(exc).__name__}: {exc}") from None
         if response.status_code >= 500:
@@ -195,13 +196,20 @@ class VLLMServerTeacher:
         except ValueError as exc:
             raise ReplicaFault(f"malformed JSON ({exc}): {response.text[:200]!r}") from None
 
+    def _session(self) -> requests.Session:
+        if not hasattr(self._local, "session"):
+            self._local.session = requests.Session()
+            self._sessions.append(self._local.session)
+        return self._local.session
+
     def take_replica_stats(self) -> dict[str, dict[str, Any]]:
         """Per replica URL: requests, failures, up, mean latency of the answered ones, since the last call."""
         return self.replicas.take_stats()
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
-        self.session.close()
+        for session in self._sessions:
+            session.close()
 
 
 def _parse(answer: Any, batch: list[list[int]], topk: int) -> list[TokenScores]:
