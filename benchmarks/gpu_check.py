@@ -48,10 +48,11 @@ def matmul_peak(size: int, repeats: int = 5) -> float:
 def recipe_overrides(model: Path, out: Path, dry_run: bool) -> list[str]:
     """The cpu-scale ALFWorld TurnOPD recipe on SmolLM2-135M (student and teacher), vLLM and bf16."""
     # on a GPU the student's and the teacher's engines share it with the trainer
+    share = "{}" if dry_run else "{gpu_memory_utilization: 0.3}"
     engine = "{max_model_len: 4096}" if dry_run else "{max_model_len: 4096, gpu_memory_utilization: 0.3}"
-    spec = out / "teacher.yaml"
+    spec = out / "teacher.yaml"  # the teacher's context length is its spec's max_length
     spec.write_text(f"name: smollm2-teacher\nmodel: {model}\nbackend: vllm\ndtype: bfloat16\nmax_length: 4096\n"
-                    f"options: {engine}\n")
+                    f"options: {share}\n")
     steps, episodes, turns = (2, 2, 3) if dry_run else (6, 32, 20)
     return ["name=gpu_check", f"output_dir={out}", f"student.path={model}", "student.prepare=null",
             "student.dtype=bfloat16", f"teachers.alfworld={spec}", "policy.backend=vllm",

@@ -97,6 +97,9 @@ def load_teacher_spec(path: str | os.PathLike[str]) -> TeacherSpec:
         raise TeacherSpecError(f"teacher spec {spec_path}: backend vllm_server needs `url` (where "
                                f"`turnopd teacher serve {spec_path}` listens, e.g. http://127.0.0.1:8000) "
                                "or `urls` (one per replica)")
+    if spec.backend == "vllm" and "max_model_len" in spec.options:  # it would contradict max_length
+        raise TeacherSpecError(f"teacher spec {spec_path}: key 'options.max_model_len': a vllm teacher's context "
+                               f"length is the spec's `max_length` ({spec.max_length}); set that instead")
     if spec.url and spec.urls:
         raise TeacherSpecError(f"teacher spec {spec_path}: give `url` or `urls`, not both")
     return spec

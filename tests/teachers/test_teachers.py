@@ -174,6 +174,8 @@ def test_spec_files(tmp_path, tiny_model_dir):
         "name: a\nmodel: x\nbackend: nope\n": "'backend': 'nope' is not allowed; allowed: transformers, vllm, vllm_server",
         "name: a\nmodel: x\nmax_len: 3\n": "max_len",
         "name: a\nmodel: x\nbackend: vllm_server\n": "needs `url`",
+        "name: a\nmodel: x\nbackend: vllm_server\nurl: http://h:1\nurls: [http://h:2]\n": "`url` or `urls`, not both",
+        "name: a\nmodel: x\nbackend: vllm\noptions: {max_model_len: 9}\n": "'options.max_model_len'",
     }
     for text, message in bad.items():
         (folder / "bad.yaml").write_text(text)
