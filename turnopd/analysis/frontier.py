@@ -15,8 +15,9 @@ training wall-clock (seconds of the ledger's training clock, which excludes eval
 - Time to reach an accuracy a: the x of the first evaluation after step 0 with Avg@k >= a that
   holds from then on (every later evaluation >= a too), so that one lucky evaluation does not count,
   and neither does a start that is already at a baseline which ends at or below it.
-- Speedup against a baseline: (the baseline's time to reach its final Avg@k) / (this run's time to
-  reach that same accuracy); None when the run never reaches it. Work ratio: the same with the
+- Speedup against a baseline: (the baseline's time to reach the Avg@k of its last evaluation along
+  the way, the curve's own metric, not the final sampled one) / (this run's time to reach that
+  same accuracy); None when the run never reaches it. Work ratio: the same with the
   cumulative work done by the step that reaches it (generated tokens, teacher-scored tokens,
   trained tokens, env steps: measures that do not move with the machine's load as the clock does).
 - Intervals (95%, bootstrap, 2000 resamples, a fixed seed): the final Avg@k of a group resamples

@@ -140,15 +140,16 @@ def build_missing_models(cfg: RunConfig, setup: Setup) -> None:
     barrier()
 
 
-def restore_checkpoint(run_dir: Path, trainer: Trainer) -> Path | None:
-    """Load the newest checkpoint that reads back into the trainer (a torn or corrupted one, say by a
-    full disk or a copy cut short, is passed over with a warning: the one before it is complete)."""
+def restore_checkpoint(run_dir: Path, trainer: Trainer) -> dict[str, Any] | None:
+    """Load the newest checkpoint that reads back into the trainer and return its loop state (a torn
+    or corrupted one, say by a full disk or a copy cut short, is passed over with a warning: the one
+    before it is complete)."""
     for checkpoint in reversed(ckpt.list_checkpoints(run_dir)):
         try:
-            ckpt.load_loop_state(checkpoint)
+            state = ckpt.load_loop_state(checkpoint)
             trainer.load(checkpoint)
             ckpt.load_rng(checkpoint)
-            return checkpoint
+            return state
         except Exception as exc:  # noqa: BLE001 - whatever the damage, the previous checkpoint may do
             print(f"warning: checkpoint {checkpoint} cannot be read ({type(exc).__name__}: {str(exc)[:300]}); "
                   "trying the one before it", file=sys.stderr, flush=True)
@@ -175,9 +176,8 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> Run:
     depth = make_depth_schedule(cfg.depth)
 
     start_step, ledger = 0, Ledger()
-    resume_from = restore_checkpoint(run_dir, trainer) if resume else None
-    if resume_from is not None:
-        state = ckpt.load_loop_state(resume_from)
+    state = restore_checkpoint(run_dir, trainer) if resume else None
+    if state is not None:
         with trainer.gathered_parameters() as student_weights:
             policy.update_weights(student_weights)
         depth.load_state_dict(state["depth"])
