@@ -34,7 +34,7 @@ from pathlib import Path
 from turnopd.orchestration.sweep import run_state
 
 COMMON = ["eval.every=8", "eval.final_k=4", "eval.temperature=0.5", "eval.teacher=true", "checkpoint.every=8",
-          "tensorboard=false"]
+          "tracking=[]"]
 REGIMES = {
     "headroom": ("vanilla_opd,turnopd,fixed_cap,tcod,turnopd_continuous", []),
     "paper": ("vanilla_opd,turnopd,turnopd_continuous", [

@@ -60,7 +60,7 @@ def recipe_overrides(model: Path, out: Path, dry_run: bool) -> list[str]:
             f"trainer.steps={steps}", f"trainer.episodes_per_step={episodes}", f"env.max_turns={turns}",
             f"depth.h_max={turns}", f"depth.num_probes={episodes}", "depth.warmup_steps=1", "depth.probe_every=2",
             "depth.min_successes=1", "eval.max_tasks=2", "eval.at_start=false", "checkpoint.every=0",
-            "tensorboard=false", "trainer.micro_batch_tokens=16384"]
+            "tracking=[]", "trainer.micro_batch_tokens=16384"]
 
 
 def main() -> int:

@@ -61,7 +61,7 @@ trainer: {{steps: {steps}, episodes_per_step: {episodes}, lr: 1.0e-4}}
 eval: {{every: {eval_every}, max_tasks: {eval_tasks}}}
 checkpoint: {{every: 0, keep_last: 1}}
 pipeline: {{max_staleness: 1}}
-tensorboard: false
+tracking: []
 """
 
 

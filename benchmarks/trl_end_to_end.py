@@ -39,7 +39,7 @@ generation prompt (what TurnOPD's rollout engine does; checked against
              depth.h_max=1, depth.mode=full, loss.mode=token_mean, objective.estimator=full (the
              recipe's: full-vocabulary reverse KL, teacher in-process), B episodes per step, S steps,
              no eval at the start or during, a 1-task eval at the end (off the clock), no checkpoints,
-             no tensorboard. Its clock and tokens are read from the run's metrics.jsonl. Each step
+             no trackers. Its clock and tokens are read from the run's metrics.jsonl. Each step
              resets B real games in the env pool (2 workers), generates, steps the env once,
              scores with the teacher and trains: the env part is TurnOPD's cost alone.
     trl      DistillationTrainer on the same prompts (B per step, shuffled), beta=1 (reverse KL
@@ -320,7 +320,7 @@ def turnopd_command(args: argparse.Namespace, model: str, workdir: Path, name: s
         f"trainer.lr={args.lr}", "trainer.lr_schedule=constant", "trainer.lr_warmup_steps=0", "trainer.grad_clip=1.0",
         "trainer.weight_decay=0.0", "trainer.dtype=float32", "trainer.activation_checkpointing=false",
         f"policy.max_new_tokens={args.max_new_tokens}", f"policy.temperature={args.temperature}", "policy.top_p=1.0",
-        "eval.at_start=false", "eval.every=0", "eval.max_tasks=1", "eval.teacher=false", "checkpoint.every=0", "tensorboard=false",
+        "eval.at_start=false", "eval.every=0", "eval.max_tasks=1", "eval.teacher=false", "checkpoint.every=0", "tracking=[]",
         f"student.path={spec['student']}", "student.dtype=float32",
     ]
     if spec.get("prepare"):

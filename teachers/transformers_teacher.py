@@ -1,9 +1,11 @@
 """The `transformers` teacher: a local Hugging Face model scoring sequences with batched forward passes.
 
 It exposes `.model` (the nn.Module) and `.tokenizer`, so the trainer's `full` estimator can run the
-teacher in its own process. spec.options: `max_batch_tokens` (padded tokens per forward pass,
-default 2048: the logits of a pass take max_batch_tokens x vocab floats), `device` (default cuda
-when available, else cpu).
+teacher in its own process. With spec.adapter (a LoRA adapter folder), the adapter is loaded on the
+base and merged into its weights (`PeftModel.from_pretrained(base, adapter).merge_and_unload()`): a
+fixed teacher scores as fast as the base, and `.model` is a plain model. spec.options:
+`max_batch_tokens` (padded tokens per forward pass, default 2048: the logits of a pass take
+max_batch_tokens x vocab floats), `device` (default cuda when available, else cpu).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from teachers.base import TEACHER_BACKENDS, TokenScores, check_sequences
-from teachers.spec import TeacherSpec
+from teachers.spec import TeacherSpec, check_adapter
 from turnopd.engines.hf_models import length_batches, load_model, model_max_length
 
 
@@ -25,7 +27,12 @@ class TransformersTeacher:
 
     def __init__(self, spec: TeacherSpec):
         self.name = spec.name
+        adapter = check_adapter(spec)  # before the base loads: a bad adapter fails at once
         self.model, self.tokenizer = load_model(spec.model, spec.dtype)
+        if adapter is not None:
+            from peft import PeftModel  # imported when used: it takes a second
+
+            self.model = PeftModel.from_pretrained(self.model, spec.adapter).merge_and_unload().eval()
         device = spec.options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model.to(device).requires_grad_(False)
         self.device = torch.device(device)

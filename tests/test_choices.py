@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import loop_models
+from tests.conftest import LAUNCHER_VARIABLES, loop_models
 from turnopd.config import RecipeError, algorithm_registries
 from turnopd.core.metrics import read_metrics
 from turnopd.orchestration.preflight import check_setup
@@ -139,9 +139,7 @@ def test_refused_before_any_heavy_work(models, about, overrides, backend, messag
 
 
 def _distill(models: Path, name: str, overrides: list[str]) -> list[dict]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
+    env = {**{k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}, "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-m", "turnopd.cli", "distill", str(models / "recipe.yaml"), f"name={name}",
                           *overrides], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

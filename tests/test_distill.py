@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import loop_models
+from tests.conftest import LAUNCHER_VARIABLES, loop_models
 from turnopd.config import RecipeError
 from turnopd.core.metrics import read_metrics
 from turnopd.orchestration.distill import run_distillation
@@ -66,13 +66,31 @@ def test_resume_refuses_a_different_recipe(models, tmp_path):
 
 
 def _distill(models: Path, *args: str, **popen) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = _child_env()
     return subprocess.Popen([sys.executable, "-m", "turnopd.cli", "distill", str(models / "recipe.yaml"), *args],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
 
 
+def _child_env() -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for key in LAUNCHER_VARIABLES:
+        env.pop(key, None)  # this process may have joined a one-process group of its own (torchrun sets them)
+    return env
+
+
 def _train_records(run_dir: Path) -> list[dict]:
     return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+
+
+def _kill_at_checkpoint(run: subprocess.Popen, run_dir: Path, step: int) -> None:
+    """SIGKILL the run's process group as soon as checkpoint `step` exists (while the next step runs)."""
+    checkpoint = run_dir / "checkpoints" / f"step_{step:06d}"
+    deadline = time.time() + 900
+    while not checkpoint.exists():
+        assert run.poll() is None and time.time() < deadline, f"run ended before checkpoint {step}"
+        time.sleep(0.2)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
 
 
 @pytest.mark.slow
@@ -96,15 +114,8 @@ def test_run_records_then_kill_and_resume_continue_exactly(models):
     assert sorted(p.name for p in (run_a / "checkpoints").iterdir()) == [f"step_{k:06d}" for k in (1, 2, 3, 4)]
     assert json.loads((run_a / "checkpoints" / "step_000004" / "loop_state.json").read_text())["step"] == 4
 
-    b = _distill(models, "name=killed", start_new_session=True)
-    ckpt2 = models / "runs" / "killed" / "checkpoints" / "step_000002"
-    deadline = time.time() + 900
-    while not ckpt2.exists():
-        assert b.poll() is None and time.time() < deadline, "run ended before its second checkpoint"
-        time.sleep(0.2)
-    os.killpg(b.pid, signal.SIGKILL)
-    b.wait()
     run_b = models / "runs" / "killed"
+    _kill_at_checkpoint(_distill(models, "name=killed", start_new_session=True), run_b, 2)
     assert [r["step"] for r in _train_records(run_b)][:2] == [1, 2]
 
     resumed = _distill(models, "name=killed", "--resume", str(run_b))
@@ -135,13 +146,6 @@ def test_run_records_then_kill_and_resume_continue_exactly(models):
     assert train_c[3]["loss"] == pytest.approx(train[3]["loss"], rel=1e-5, abs=1e-7)
 
 
-def _torchrun_env() -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)  # this process may have joined a one-process group of its own
-    return env
-
-
 def _torchrun(launcher: list[str], models: Path, name: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *launcher, "-m", "turnopd.cli", "distill",
             str(models / "recipe.yaml"), f"name={name}", "checkpoint.every=2"]
@@ -153,7 +157,7 @@ def test_data_parallel_under_torchrun(models):
     (episodes_per_step is global), evaluation tasks sharded and gathered. Then the same as two
     "nodes" of one process each (two torchrun launches, --nnodes 2 with --node-rank 0 and 1 and a
     static rendezvous on 127.0.0.1, as on a cluster): the same losses."""
-    out = subprocess.run(_torchrun(["--nproc-per-node", "2"], models, "dp"), env=_torchrun_env(),
+    out = subprocess.run(_torchrun(["--nproc-per-node", "2"], models, "dp"), env=_child_env(),
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     records = read_metrics(models / "runs" / "dp" / "metrics.jsonl")
@@ -171,7 +175,7 @@ def test_data_parallel_under_torchrun(models):
         port = sock.getsockname()[1]
     nodes = [subprocess.Popen(_torchrun(["--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(rank),
                                          "--master-addr", "127.0.0.1", "--master-port", str(port)], models, "two-nodes"),
-                              env=_torchrun_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              env=_child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank in (0, 1)]
     outs = [node.communicate(timeout=900)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-3000:] for o in outs)

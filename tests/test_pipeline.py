@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import LOOP_RECIPE, loop_models
+from tests.conftest import LAUNCHER_VARIABLES, LOOP_RECIPE, loop_models
 from tests.trainer.helpers import reference_loss, reference_token_logprobs
 from turnopd.config import RecipeError
 from turnopd.core.ledger import Ledger
@@ -178,21 +178,6 @@ def models(tmp_path_factory, tiny_model_dir):
 
 # Set in this process by the trainers the tests build here (rank 0 of 1, a port of its own): a run in a
 # subprocess that inherited them would try to join this process's group.
-LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-@pytest.fixture(autouse=True)
-def _launcher_variables_restored():
-    """Leave os.environ as the test found it, for the subprocesses of later tests (other files too)."""
-    saved = {k: os.environ.get(k) for k in LAUNCHER_VARIABLES}
-    yield
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
 def _distill(models: Path, *args: str, **popen) -> subprocess.Popen:
     env = {**{k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-m", "turnopd.cli", "distill", str(models / "recipe.yaml"), *args],
@@ -286,7 +271,7 @@ def _rollouts(models: Path, *overrides: str, train_steps=range(4)):
 
     cfg = load_recipe(models / "recipe.yaml", list(overrides))
     setup, _ = check_setup(cfg)
-    student, _ = load_student(setup.student_path, cfg.student.dtype)
+    student, _ = load_student(setup.student_path, cfg.student.dtype, cfg.student.lora)
     trainer = Trainer(student, cfg.trainer, cfg.objective, cfg.loss, cfg.trainer.steps)
     version0 = copy.deepcopy(trainer.module)
     rollouts = GeneratorRollouts(cfg, setup, SharedWeights(trainer.module, 0), Ledger(), start_step=0,
@@ -332,6 +317,32 @@ def test_a_stale_batch_trains_with_the_log_probs_stored_when_it_was_sampled(mode
     loss = trainer.step(build_token_batch(stale), alpha=0.0)["loss"]
     assert loss == pytest.approx(expected, rel=1e-5)
     assert abs(expected - unclipped) > 1e-4 and abs(expected - ratio_one) > 1e-4  # both would be caught
+
+
+@pytest.mark.slow
+def test_a_lora_student_generator_samples_with_the_published_adapter(models):
+    """The generator process of a LoRA student gets the adapter only (shared tensors of its
+    matrices), and what it samples after a publish carries the trained adapter's log-probs."""
+    _, trainer, version0, rollouts = _rollouts(models, "pipeline.mode=one_step_off", "trainer.lr=1.0e-2",
+                                               "student.lora.rank=8", "student.lora.alpha=16.0")
+    from turnopd.core.types import build_token_batch
+
+    assert rollouts.weights.tensors and all("lora_" in name for name in rollouts.weights.tensors)
+    try:
+        first = rollouts.take(BatchPlan(0, cap=3, episodes=2))
+        rollouts.prepare(BatchPlan(1, cap=3, episodes=2))
+        trainer.step(build_token_batch(first), alpha=0.0)
+        rollouts.publish(trainer.module, version=1)
+        rollouts.take(BatchPlan(1, cap=3, episodes=2))  # sampled with version 0 (one step off)
+        rollouts.prepare(BatchPlan(2, cap=3, episodes=2))
+        fresh = rollouts.take(BatchPlan(2, cap=3, episodes=2))
+    finally:
+        rollouts.close()
+    assert fresh and all(t.weight_version == 1 for t in fresh)
+    stored = torch.tensor([lp for t in fresh for turn in t.turns for lp in turn.student_logprobs])
+    version1 = copy.deepcopy(trainer.module).eval()
+    assert torch.allclose(stored, _action_logprobs(version1, fresh), atol=1e-4)
+    assert float((_action_logprobs(version0.eval(), fresh) - stored).abs().max()) > 1e-3  # the adapter moved them
 
 
 def _split_by_turns(trajectories: list[Trajectory], values: torch.Tensor) -> list[list[list[float]]]:

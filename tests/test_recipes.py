@@ -152,6 +152,16 @@ def test_gpu_recipes_scale_out(env):
     assert spec.backend == "vllm_server" and spec.url.startswith("http")
 
 
+@pytest.mark.parametrize("recipe", ["alfworld/lora.yaml", "alfworld/gpu/lora.yaml"])
+def test_lora_recipes_train_an_adapter_under_zero_0_to_2(recipe):
+    cfg = load_recipe(RECIPES_DIR / recipe)
+    full = load_recipe(RECIPES_DIR / recipe.replace("lora", "turnopd"))
+    assert cfg.student.lora is not None and cfg.student.lora.target_modules == ["all-linear"]
+    assert cfg.trainer.zero_stage <= 2 and cfg.policy.backend == full.policy.backend
+    assert cfg.trainer.lr == pytest.approx(10 * full.trainer.lr)
+    assert dataclasses.replace(cfg, name=full.name, student=full.student, trainer=full.trainer) == full
+
+
 @pytest.mark.parametrize("env", ["webshop", "search"])
 def test_cpu_teacher_specs_name_their_sft_recipe(env):
     spec = OmegaConf.load(REPO / "teachers" / env / "teacher.yaml")

@@ -5,14 +5,16 @@ in order, then the recipe, then command-line `key=value` overrides). Unknown key
 values outside a field's allowed set fail at once with a RecipeError naming key, value and what is
 allowed. Allowed sets live in field metadata: `choices` (a tuple), `registry` (the kind of the
 registry whose names are allowed: the algorithm layer's estimators, loss modes, alpha schedules and
-depth modes, which `validate` looks up itself, and the backend registries above this layer, env,
-policy backend, model preparation, pipeline mode, which its caller turnopd.orchestration.recipe
-passes) and `range` (inclusive numeric bounds, None = unbounded).
+depth modes and the core's trackers, which `validate` looks up itself, and the backend registries
+above this layer, env, policy backend, model preparation, pipeline mode, which its caller
+turnopd.orchestration.recipe passes; a list field names each at most once) and `range` (inclusive
+numeric bounds, None = unbounded).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from turnopd.core.registry import Registry
+from turnopd.core.tracking import TRACKERS, TRACKING_EXTRA
 
 
 class RecipeError(ValueError):
@@ -79,6 +82,23 @@ class ModelConfig:
     # run once and cached when `path` does not exist yet; see turnopd.models
     prepare: str | None = field(default=None, metadata=_registered("model preparation"))
     prepare_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LoraConfig:
+    """A LoRA adapter on the student (peft): only the adapter is trained, checkpointed and synced to the
+    rollout engine; the base weights stay frozen. `turnopd model merge RUN` folds it into the weights."""
+
+    rank: int = field(default=16, metadata=_range(1))
+    alpha: float = field(default=32.0, metadata=_range(0.0))
+    dropout: float = field(default=0.0, metadata=_range(0.0, 1.0))
+    # module names (peft's target_modules) or ["all-linear"]: every linear layer but the output head
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+
+
+@dataclass
+class StudentConfig(ModelConfig):
+    lora: LoraConfig | None = None  # None: full fine-tuning
 
 
 @dataclass
@@ -189,7 +209,7 @@ class RunConfig:
     output_dir: str = "runs"
     data_dir: str | None = None  # else $TURNOPD_DATA, else ../shared/data (see turnopd.core.data)
     env: EnvConfig = field(default_factory=EnvConfig)
-    student: ModelConfig = field(default_factory=ModelConfig)
+    student: StudentConfig = field(default_factory=StudentConfig)
     # teacher spec per env name (path to a teachers/<task>/teacher.yaml, relative to the repo)
     teachers: dict[str, str] = field(default_factory=dict)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -200,7 +220,8 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
-    tensorboard: bool = True
+    # experiment trackers beside metrics.jsonl, any of turnopd.core.tracking's (tensorboard, wandb, mlflow)
+    tracking: list[str] = field(default_factory=lambda: ["tensorboard"], metadata=_registered("tracker"))
 
 
 def _load_yaml_with_defaults(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
@@ -252,8 +273,13 @@ def _check_allowed(obj: Any, registries: Mapping[str, Registry], prefix: str = "
             choices = registries[kind].names
         if choices is not None and value is not None:
             allowed = choices() if callable(choices) else choices
-            if value not in allowed:
-                raise RecipeError(f"recipe key '{key}': {value!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
+            items = value if isinstance(value, list) else [value]  # a list field names several
+            for item in items:
+                if item not in allowed:
+                    raise RecipeError(f"recipe key '{key}': {item!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
+            twice = sorted({item for item in items if items.count(item) > 1})
+            if twice:
+                raise RecipeError(f"recipe key '{key}': {', '.join(map(repr, twice))} named twice")
         bounds = f.metadata.get("range")
         if bounds is not None and value is not None:
             lo, hi = bounds
@@ -294,9 +320,24 @@ def check_consistency(cfg: RunConfig) -> None:
     if o.clip_eps is not None and not est.needs_sampling_logprobs:
         raise RecipeError(f"recipe key 'objective.clip_eps': {o.clip_eps}; it clips the importance ratio of an "
                           f"estimator that has one (k1), and {o.estimator} has none")
+    lora = cfg.student.lora
+    if lora is not None:
+        if cfg.trainer.zero_stage == 3:
+            raise RecipeError("recipe key 'trainer.zero_stage': 3 with student.lora; a LoRA student trains under "
+                              "ZeRO 0-2 (its adapter is small: partitioning the frozen base buys nothing)")
+        heads = sorted({"lm_head", "embed_tokens"} & set(lora.target_modules))
+        if heads or not lora.target_modules:
+            raise RecipeError(f"recipe key 'student.lora.target_modules': {lora.target_modules}; name the "
+                              "decoder's linear layers (or all-linear): the trainer reads the output head and the "
+                              "embedding as plain weights, so an adapter on them would be ignored")
     if cfg.env.name not in cfg.teachers:
         raise RecipeError(f"recipe key 'teachers': no teacher for env {cfg.env.name!r}; "
                           f"set teachers.{cfg.env.name}=<path to teacher.yaml>")
+    for name in cfg.tracking:
+        package = TRACKERS.get(name).package
+        if importlib.util.find_spec(package) is None:
+            raise RecipeError(f"recipe key 'tracking': {name!r} needs the {package} package, which is not "
+                              f"installed: pip install '{TRACKING_EXTRA}' (or leave {name} out of tracking)")
 
 
 def validate(cfg: DictConfig, schema: type = RunConfig,
@@ -314,7 +355,7 @@ def validate(cfg: DictConfig, schema: type = RunConfig,
         key = getattr(exc, "full_key", None) or "?"
         msg = getattr(exc, "msg", None) or str(exc)
         raise RecipeError(f"recipe key '{key}': {msg.splitlines()[0]}") from None
-    _check_allowed(run, {**algorithm_registries(), **(registries or {})})
+    _check_allowed(run, {**algorithm_registries(), TRACKERS.kind: TRACKERS, **(registries or {})})
     for check in checks:
         check(run)
     return run

@@ -178,3 +178,45 @@ def test_alfworld_rollout_with_vllm_policy(untied):
 def test_module_without_tokenizer_is_refused(untied):
     with pytest.raises(ValueError, match="needs the tokenizer"):
         POLICY_BACKENDS.get("vllm")(untied[1], PolicyConfig())
+
+
+def perturb_adapter(model, seed: int) -> None:
+    """New LoRA B matrices (a fresh adapter's are zero, which would leave the base's outputs)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+
+
+def test_lora_student_syncs_its_adapter_only(tiny_model_dir):
+    """A LoRA student (a peft model, tied head) served as vLLM's LoRA adapter: its greedy tokens and
+    log-probs are the peft model's, before and after adapter syncs (from the module and from the
+    adapter tensors the generator process gets), and differ from the base model's."""
+    from transformers import AutoTokenizer
+
+    from turnopd.config import LoraConfig
+    from turnopd.engines.lora import add_adapter, sync_state
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    model = add_adapter(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+                        LoraConfig(rank=4, alpha=8.0)).eval()
+    perturb_adapter(model, seed=1)
+    policy = POLICY_BACKENDS.get("vllm")(model, PolicyConfig(options=OPTIONS),
+                                         tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir), dtype="float32")
+    try:
+        check_greedy_matches(policy, model)
+        prompt = prompts_for(policy)[1]
+        (gen,) = generate_all(policy, [prompt], SamplingParams(temperature=0.0, max_new_tokens=8, stop=()))
+        assert max(abs(a - b) for a, b in zip(gen.logprobs, forward_logprobs(base, prompt, gen.token_ids),
+                                              strict=True)) > 1e-2  # the adapter is what it samples with
+        perturb_adapter(model, seed=2)
+        policy.update_weights(model)
+        check_greedy_matches(policy, model)
+        perturb_adapter(model, seed=3)
+        policy.update_weights(sync_state(model))
+        check_greedy_matches(policy, model)
+        with pytest.raises(TypeError, match="takes the adapter"):
+            policy.update_weights(tiny_model_dir)
+    finally:
+        policy.close()

@@ -281,3 +281,110 @@ def test_server_client_retries_then_fails_clearly(tiny_model_dir):
     attempts = int(err.value.args[0].split("(")[1].split()[0])
     assert attempts >= 3  # 0.1 + 0.2 + 0.4 + 0.8 s of backoff fit in 1.5 s
     assert 0.6 <= elapsed <= 5.0
+
+
+def lora_spec(model, adapter, **kw) -> TeacherSpec:
+    return TeacherSpec(name="tiny-lora", model=str(model), adapter=str(adapter), dtype="float32", max_length=1024,
+                       options={"max_batch_tokens": 64}, **kw)
+
+
+def test_lora_teacher_scores_like_its_unmerged_peft_model(lora_adapter, tiny_model_dir, teacher):
+    adapter_dir, peft_model = lora_adapter
+    lora = make_teacher(lora_spec(tiny_model_dir, adapter_dir))
+    assert type(lora.model).__name__ == "LlamaForCausalLM"  # merged: a plain model, no peft layers
+    assert not any("lora_" in name for name, _ in lora.model.named_parameters())
+    vocab = len(lora.tokenizer)
+    sequences = [random_ids(n, vocab, seed) for seed, n in enumerate((30, 5, 17, 2, 40))]
+    scores, base_scores = lora.score(sequences, topk=4), teacher.score(sequences)
+    largest_change = 0.0
+    for ids, s, b in zip(sequences, scores, base_scores, strict=True):
+        lp = forward_logprobs(peft_model, ids)  # the adapter un-merged: base + B A x at every projection
+        expected = lp.gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
+        torch.testing.assert_close(torch.tensor(s.logprobs[1:]), expected, atol=1e-5, rtol=0)
+        top = lp.topk(4, dim=-1)
+        assert s.topk_ids[1:] == top.indices.tolist()
+        torch.testing.assert_close(torch.tensor(s.topk_logprobs[1:]), top.values, atol=1e-5, rtol=0)
+        largest_change = max(largest_change, (torch.tensor(s.logprobs) - torch.tensor(b.logprobs)).abs().max().item())
+    assert largest_change > 0.1  # the adapter changes the teacher: this test could fail
+    # the tokenizer is the base's: the guard passes against the student's tokenizer as before
+    from transformers import AutoTokenizer
+
+    check_tokenizers(AutoTokenizer.from_pretrained(tiny_model_dir), lora.tokenizer, "student", "tiny-lora")
+
+
+def test_adapter_specs_checked_at_load(lora_adapter, tiny_model_dir, tmp_path):
+    import json
+    import shutil
+    import warnings
+
+    from teachers.spec import AdapterBaseWarning, served_model_name
+    from teachers.vllm_server import VLLMServerTeacher
+
+    adapter_dir, _ = lora_adapter
+    folder = tmp_path / "teachers" / "alfworld"
+    folder.mkdir(parents=True)
+    (tmp_path / "adapters").mkdir()
+    (tmp_path / "adapters" / "a").symlink_to(adapter_dir)
+    (folder / "teacher.yaml").write_text(f"name: alf\nmodel: {tiny_model_dir}\nadapter: ../../adapters/a\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # its own base: no warning
+        spec = load_teacher_spec(folder / "teacher.yaml")
+    assert spec.adapter == str((tmp_path / "adapters" / "a").resolve())  # resolved like `model`
+    saved = save_teacher_spec(spec, tmp_path / "copy" / "teacher.yaml")
+    assert load_teacher_spec(saved).adapter == spec.adapter
+
+    def variant(name: str, **changes) -> str:
+        """A copy of the adapter with its adapter_config.json changed."""
+        path = tmp_path / name
+        shutil.copytree(adapter_dir, path)
+        config = json.loads((path / "adapter_config.json").read_text())
+        (path / "adapter_config.json").write_text(json.dumps({**config, **changes}))
+        return str(path)
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "adapter_config.json").write_text("{not json")
+    bad = {
+        f"adapter: {tmp_path / 'nowhere'}\n": r"key 'adapter': .*nowhere not found \(a PEFT LoRA adapter folder",
+        f"adapter: {tmp_path / 'empty'}\n": r"key 'adapter': .*empty has no adapter_config.json",
+        f"adapter: {tmp_path / 'broken'}\n": r"key 'adapter': .*adapter_config.json is not valid JSON",
+        f"adapter: {variant('prefix', peft_type='PREFIX_TUNING')}\n":
+            r"key 'adapter': .*prefix is a 'PREFIX_TUNING' adapter; a teacher adapter must be LoRA",
+        "adapter_name: x\n": r"key 'adapter_name': names the served LoRA module",
+        f"adapter: {adapter_dir}\nadapter_name: a\n": r"key 'adapter_name': 'a' is also the served name of the base",
+    }
+    for text, message in bad.items():
+        (folder / "bad.yaml").write_text(f"name: a\nmodel: {tiny_model_dir}\n" + text)
+        with pytest.raises(TeacherSpecError, match=message) as err:
+            load_teacher_spec(folder / "bad.yaml")
+        assert "bad.yaml" in str(err.value)
+    # a spec built in code is checked when its teacher is made, before any model loads
+    with pytest.raises(TeacherSpecError, match=r"teacher spec gone: key 'adapter': .*nowhere not found"):
+        make_teacher(TeacherSpec(name="gone", model=str(tiny_model_dir), adapter=str(tmp_path / "nowhere")))
+    # trained on another base: a warning naming both (the base names often differ for the same weights)
+    (folder / "other.yaml").write_text(f"name: a\nmodel: {tiny_model_dir}\n"
+                                       f"adapter: {variant('other', base_model_name_or_path='Org/other-model')}\n")
+    with pytest.warns(AdapterBaseWarning, match=r"trained on 'Org/other-model' \(base_model_name_or_path\), not on"):
+        load_teacher_spec(folder / "other.yaml")
+
+    # vLLM: the smallest allowed max_lora_rank that holds the adapter's rank (rank_pattern included)
+    spec.options = {"max_logprobs": 5}
+    cmd = server_command(spec, port=8123)
+    flags = dict(zip(cmd[3::2], cmd[4::2], strict=False))
+    assert flags["--served-model-name"] == "alf" and flags["--model"] == str(tiny_model_dir)
+    i = cmd.index("--enable-lora")
+    assert cmd[i + 1 : i + 7] == ["--lora-modules", f"alf-lora={spec.adapter}", "--max-lora-rank", "8",
+                                  "--max-loras", "1"]
+    spec.adapter = variant("wide", r=8, rank_pattern={"q_proj": 20})
+    assert server_command(spec)[server_command(spec).index("--max-lora-rank") + 1] == "32"
+    # requests name the adapter's module: adapter_name, default <name>-lora; the base keeps its name
+    spec.backend, spec.url = "vllm_server", "http://127.0.0.1:9"
+    assert VLLMServerTeacher(spec).model_name == served_model_name(spec) == "alf-lora"
+    spec.adapter_name = "alf-sft"
+    assert VLLMServerTeacher(spec).model_name == "alf-sft"
+    assert served_model_name(spec, base=True) == "alf"
+    # a server started elsewhere: adapter_name alone names its LoRA module; no adapter to serve here
+    spec.adapter = None
+    assert VLLMServerTeacher(spec).model_name == "alf-sft"
+    with pytest.raises(TeacherSpecError, match="key 'adapter_name': 'alf-sft' names a LoRA module, but the spec has no"):
+        server_command(spec)

@@ -1,7 +1,8 @@
 """The vLLM teacher backends on the real vLLM (run in the vLLM venv:
 `pytest -m vllm tests/teachers/test_vllm_teachers.py`): in-process prompt log-probs and the
 OpenAI-compatible server (started here by `turnopd teacher serve`, stopped by its PID) against the
-transformers teacher in fp32, on trajectories the rollout engine played on real ALFWorld games."""
+transformers teacher in fp32, on trajectories the rollout engine played on real ALFWorld games; and
+both with a LoRA adapter on the base (enable_lora) against the transformers teacher's merged adapter."""
 
 from __future__ import annotations
 
@@ -102,6 +103,30 @@ def test_alfworld_trajectories_scored_alike(alfworld_trajectories, in_process, r
             assert turn.teacher_logprobs == pytest.approx(e, abs=1e-4)
 
 
+def test_in_process_lora_teacher_matches_transformers(lora_adapter, tiny_model_dir, in_process, reference):
+    import typing
+
+    from vllm.config.lora import MaxLoRARanks
+
+    from turnopd.engines.lora import VLLM_LORA_RANKS
+
+    assert typing.get_args(MaxLoRARanks) == VLLM_LORA_RANKS  # the ranks the spec picks from are vLLM's
+    adapter_dir, _ = lora_adapter
+    merged = make_teacher(spec_for(tiny_model_dir, "transformers", adapter=str(adapter_dir)))
+    lora = make_teacher(spec_for(tiny_model_dir, "vllm", adapter=str(adapter_dir)))
+    try:
+        lora_config = lora.llm.llm_engine.vllm_config.lora_config
+        assert (lora_config.max_lora_rank, lora_config.max_loras) == (8, 1)  # the adapter's r = 8
+        seqs = sequences(reference)
+        got = lora.score(seqs, topk=TOPK)
+        assert_same_scores(got, merged.score(seqs, topk=TOPK), TOPK)
+        base = in_process.score(seqs)  # the same base without the adapter scores otherwise: the test can fail
+        assert max(abs(a - b) for g, e in zip(got, base, strict=True)
+                   for a, b in zip(g.logprobs, e.logprobs, strict=True)) > 0.1
+    finally:
+        lora.close()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -114,11 +139,11 @@ def child_pids(pid: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def serve_teacher(model_dir: Path, tmp_path_factory):
-    """`turnopd teacher serve` of the model on 127.0.0.1; yields (its spec's path, the vLLM server's PID,
-    the serve command's process)."""
+def serve_teacher(model_dir: Path, tmp_path_factory, **spec_keys):
+    """`turnopd teacher serve` of the model on 127.0.0.1 (spec_keys: more teacher spec keys, e.g. an
+    adapter); yields (its spec's path, the vLLM server's PID, the serve command's process)."""
     port = free_port()
-    spec_path = save_teacher_spec(spec_for(model_dir, "vllm_server", url=f"http://127.0.0.1:{port}"),
+    spec_path = save_teacher_spec(spec_for(model_dir, "vllm_server", url=f"http://127.0.0.1:{port}", **spec_keys),
                                   tmp_path_factory.mktemp("spec") / "teacher.yaml")
     log = open(tmp_path_factory.mktemp("log") / "serve.log", "w+")  # noqa: SIM115
     cli = subprocess.Popen([sys.executable, "-m", "turnopd.cli", "teacher", "serve", str(spec_path),
@@ -180,3 +205,27 @@ def test_server_scores_like_transformers_then_fails_clearly_when_killed(server, 
     assert int(str(err.value).split("(")[1].split()[0]) >= 3
     assert "turnopd teacher serve" in str(err.value)
     assert cli.wait(timeout=30) != 0  # `turnopd teacher serve` ends with its server
+
+
+def test_server_with_a_lora_adapter_scores_like_transformers(lora_adapter, tiny_model_dir, tmp_path_factory,
+                                                             reference):
+    """`turnopd teacher serve` of a spec with `adapter`: the base served with the adapter as a LoRA module
+    (--enable-lora --lora-modules tiny-teacher-lora=ADAPTER); requests that name the module score with
+    the adapter, requests that name the base (a spec without it) score as the base."""
+    from teachers import load_teacher_spec
+
+    adapter_dir, _ = lora_adapter
+    merged = make_teacher(spec_for(tiny_model_dir, "transformers", adapter=str(adapter_dir)))
+    seqs = sequences(reference)
+    with serve_teacher(tiny_model_dir, tmp_path_factory, adapter=str(adapter_dir)) as (spec_path, _, _):
+        spec = load_teacher_spec(spec_path)
+        spec.options = {"timeout_s": 60.0}
+        client = make_teacher(spec)
+        assert client.model_name == "tiny-teacher-lora"
+        assert_same_scores(client.score(seqs, topk=TOPK), merged.score(seqs, topk=TOPK), TOPK)
+        spec.adapter = None  # the same server's base model
+        base_client = make_teacher(spec)
+        assert base_client.model_name == "tiny-teacher"
+        assert_same_scores(base_client.score(seqs, topk=TOPK), reference.score(seqs, topk=TOPK), TOPK)
+        client.close()
+        base_client.close()

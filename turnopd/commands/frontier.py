@@ -1,7 +1,8 @@
 """`turnopd frontier RUN...` and `turnopd sweep RECIPE ...`: accuracy vs training wall-clock.
 
-The figures are computed in turnopd.analysis.frontier (definitions there); this module reads the run
-folders, prints the tables (rich, or markdown with --md) and draws the PNG.
+The figures are computed in turnopd.analysis.frontier (definitions there) and drawn by
+turnopd.analysis.plot; this module reads the run folders, prints the tables (rich, or markdown with
+--md) and saves the PNG.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -28,8 +28,8 @@ from turnopd.analysis.frontier import (
     Run,
     compare,
     load_run,
-    pareto_front,
 )
+from turnopd.analysis.plot import INTERPOLATION_NOTE, metric_name, plot_frontier
 from turnopd.core.ledger import RESOURCES
 from turnopd.orchestration.sweep import (
     DEFAULT_LAUNCHER,
@@ -40,7 +40,6 @@ from turnopd.orchestration.sweep import (
     run_state,
 )
 
-INTERPOLATION_NOTE = "step-wise interpolation: between evaluations, the last evaluation's Avg@k"
 Rows = list[list[str]]
 
 
@@ -84,11 +83,6 @@ def _steps(runs: Sequence[Run]) -> str:
     if all(run.complete for run in runs):
         return str(done)
     return f"{done}/{total if total is not None else '?'} (in progress)"
-
-
-def _metric_name(runs: Sequence[Run]) -> str:
-    ks = {run.k for run in runs if run.k is not None}
-    return f"Avg@{ks.pop()}" if len(ks) == 1 else "Avg@k"
 
 
 def _interval(value: Interval | None, sign: bool = False) -> str:
@@ -136,7 +130,7 @@ def accuracy_table(cmp: Comparison, runs: Sequence[Run]) -> tuple[str, list[str]
                 "not reached" if has_target and row.time_to_target_s is None else
                 _ratio(work.value, (work.lo, work.hi), None) if work else "–"),
         ])
-    return f"{_metric_name(runs)} (%) vs training wall-clock, against {cmp.baseline.label}", headers, rows
+    return f"{metric_name(runs)} (%) vs training wall-clock, against {cmp.baseline.label}", headers, rows
 
 
 def work_table(cmp: Comparison) -> tuple[str, list[str], Rows]:
@@ -184,7 +178,7 @@ def turn_kl_table(cmp: Comparison) -> tuple[str, list[str], Rows]:
 def notes(cmp: Comparison, runs: Sequence[Run]) -> list[str]:
     splits = sorted({run.split for run in runs if run.split})
     lines = [
-        f"{_metric_name(runs)} on {', '.join(splits) or 'no evaluation yet'}, in %; a method with several "
+        f"{metric_name(runs)} on {', '.join(splits) or 'no evaluation yet'}, in %; a method with several "
         "seeds: mean ± sample std across seeds.",
         f"same-step: at step {cmp.same_step}, the largest step all runs reached; least-time: at "
         f"{_duration(cmp.least_time_s)} of training wall-clock, the shortest any run needed "
@@ -234,89 +228,6 @@ def print_report(cmp: Comparison, runs: Sequence[Run], md: bool) -> None:
         console.print(table)
     for line in notes(cmp, runs):
         console.print(line, highlight=False)
-
-
-# ---- plot -------------------------------------------------------------------------------------------
-
-
-def _x_scale(by: Axis, extent: float) -> tuple[float, str]:
-    if by == "step":
-        return 1.0, "optimizer step"
-    if extent >= 7200:
-        return 3600.0, "training wall-clock (h)"
-    if extent >= 120:
-        return 60.0, "training wall-clock (min)"
-    return 1.0, "training wall-clock (s)"
-
-
-def plot_frontier(cmp: Comparison, runs: Sequence[Run], by: Axis, out: Path) -> None:
-    """Panel 1: accuracy vs x per group (seed mean, ± std band across seeds), the teacher's accuracy
-    and the Pareto frontier of the plotted points; panel 2: each run's rollout-depth cap (solid;
-    probe steps, played at full depth, as triangles) and alpha (dashed, right axis)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    scale, xlabel = _x_scale(by, max(run.extent(by) for run in runs))
-    fig, (acc_ax, depth_ax) = plt.subplots(2, 1, figsize=(13, 8), sharex=True, height_ratios=[3, 2])
-    alpha_ax = depth_ax.twinx()
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    points = []
-    for i, row in enumerate(cmp.rows):
-        color = colors[i % len(colors)]
-        members = row.group.runs
-        curve = row.group.curve(by)
-        if curve:
-            end = max(run.extent(by) for run in members)  # the last value holds until the run's end
-            held = [*curve, curve[-1]]
-            xs = np.array([p.x for p in curve] + [max(end, curve[-1].x)]) / scale
-            means = 100 * np.array([p.mean for p in held])
-            stds = 100 * np.array([p.std for p in held])
-            label = row.group.label
-            if len(members) > 1:
-                label += f" (mean of {len(members)} seeds)"
-            acc_ax.step(xs, means, where="post", color=color, label=label)
-            acc_ax.plot(xs[:-1], means[:-1], "o", color=color, markersize=3)
-            if len(members) > 1:
-                acc_ax.fill_between(xs, means - stds, means + stds, step="post", color=color, alpha=0.15,
-                                    linewidth=0)
-            points += [(p.x, p.mean) for p in curve]
-        for run in members:
-            x = [(r["train_time_s"] if by == "time" else r["step"]) / scale for r in run.train]
-            # a probe step plays at full depth: a mark, not a spike of the cap line
-            caps = [r.get("rollout_depth_cap") if not r.get("probed") else None for r in run.train]
-            alphas = [r.get("alpha") for r in run.train]
-            depth_ax.step(x, [c if c is not None else float("nan") for c in caps], where="post", color=color,
-                          linewidth=1, alpha=0.8)
-            probes = [(xi, r.get("rollout_depth_cap")) for xi, r in zip(x, run.train, strict=True) if r.get("probed")]
-            if probes:
-                depth_ax.plot(*zip(*probes, strict=True), "v", color=color, markersize=4, alpha=0.8)
-            alpha_ax.plot(x, [a if a is not None else float("nan") for a in alphas], "--", color=color,
-                          linewidth=1, alpha=0.8)
-    teachers = [row.teacher for row in cmp.rows if row.teacher is not None]
-    if teachers:
-        acc_ax.axhline(100 * sum(teachers) / len(teachers), color="black", linewidth=1, alpha=0.6,
-                       label="teacher (same tasks)")
-    front = pareto_front(points)
-    if front:
-        acc_ax.step([x / scale for x, _ in front], [100 * a for _, a in front], where="post", color="black",
-                    linestyle=":", linewidth=1.5, label="Pareto frontier")
-    marker, marker_label = (cmp.least_time_s, "Least-Time") if by == "time" else (cmp.same_step, "Same-Step")
-    acc_ax.axvline(marker / scale, color="grey", linestyle="--", linewidth=0.8, label=f"{marker_label} point")
-    acc_ax.set_ylabel(f"{_metric_name(runs)} (%)")
-    acc_ax.set_title(f"Accuracy vs {'optimizer steps' if by == 'step' else 'training wall-clock'}")
-    acc_ax.legend(title=INTERPOLATION_NOTE, fontsize=8, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-    acc_ax.grid(alpha=0.3)
-    depth_ax.set_ylabel("rollout-depth cap (turns, solid; probe steps ▼)")
-    alpha_ax.set_ylabel("alpha (dashed)")
-    alpha_ax.set_ylim(-0.05, 1.05)
-    depth_ax.set_xlabel(xlabel)
-    depth_ax.grid(alpha=0.3)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
 
 
 # ---- commands ---------------------------------------------------------------------------------------

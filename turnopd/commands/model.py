@@ -1,12 +1,16 @@
-"""`turnopd model prepare NAME`: build a model that runs here (see turnopd.models), once."""
+"""`turnopd model prepare NAME`: build a model that runs here (see turnopd.models), once.
+`turnopd model merge RUN`: fold a LoRA run's adapter into its base, as a plain Hugging Face folder."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
+from turnopd.core.checkpoint import list_checkpoints
+from turnopd.engines.lora import is_adapter_folder, merge_adapter
 from turnopd.models import (
     MODEL_PREPARERS,
     ModelPrepareError,
@@ -67,6 +71,27 @@ def prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def merge(args: argparse.Namespace) -> int:
+    """RUN: a run folder (its newest checkpoint is merged) or one checkpoint folder."""
+    source = Path(args.run).expanduser()
+    checkpoints = list_checkpoints(source)
+    adapter = checkpoints[-1] if checkpoints else source
+    if not is_adapter_folder(adapter):
+        where = f"its newest checkpoint {adapter}" if checkpoints else f"{source} (no checkpoints/ in it either)"
+        print(f"error: {where} holds no LoRA adapter (adapter_config.json); only a run with student.lora has "
+              "one to merge (a full fine-tuning checkpoint is a Hugging Face folder already)", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else (source if checkpoints else adapter.parent.parent) / "merged"
+    start = time.perf_counter()
+    try:
+        merge_adapter(adapter, out)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"merged {adapter} into {out}; {time.perf_counter() - start:.1f} s")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("model", help="build models that run without a hub")
     model_sub = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
@@ -87,3 +112,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         tiny.add_argument("--" + name.replace("_", "-"), type=kind)
     tiny.add_argument("--tie-word-embeddings", action="store_true")
     q.set_defaults(func=prepare)
+    m = model_sub.add_parser("merge", help="fold a LoRA run's adapter into its base model",
+                             description="Merge the adapter of a LoRA run (student.lora) into the student's base "
+                                         "weights and write a plain Hugging Face folder.")
+    m.add_argument("run", metavar="RUN", help="run folder (its newest checkpoint) or a checkpoint folder")
+    m.add_argument("--out", help="folder to write (default RUN/merged)")
+    m.set_defaults(func=merge)

@@ -15,6 +15,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from turnopd.core.tracking import TRACKERS
 from turnopd.core.types import describe_env_errors
 
 console = Console()
@@ -93,4 +94,6 @@ def print_summary(cfg, summary: dict[str, Any]) -> None:
     console.print(f"training clock {summary['train_time_s']:.0f} s, wall clock {summary['wall_time_s']:.0f} s; "
                   "time by phase: " + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in
                                                 sorted(phases.items(), key=lambda kv: -kv[1])))
-    console.print(f"run folder: {summary['run_dir']} (metrics.jsonl, config.yaml, checkpoints/, tensorboard/)")
+    outputs = ["metrics.jsonl", "config.yaml", "checkpoints/", "frontier.png",
+               *(TRACKERS.get(name).output for name in cfg.tracking)]
+    console.print(f"run folder: {summary['run_dir']} ({', '.join(outputs)})")

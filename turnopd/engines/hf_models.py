@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from turnopd.engines.lora import add_adapter
+
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -21,12 +23,18 @@ def check_model_path(path: str | os.PathLike[str]) -> None:
         raise FileNotFoundError(f"model directory not found: {text}")
 
 
-def load_model(path: str | os.PathLike[str], dtype: str = "auto") -> tuple[nn.Module, Any]:
-    """A causal LM and its tokenizer from a Hugging Face directory (or hub name), in eval mode."""
+def load_model(path: str | os.PathLike[str], dtype: str = "auto", adapter: str | os.PathLike[str] | None = None
+               ) -> tuple[nn.Module, Any]:
+    """A causal LM and its tokenizer from a Hugging Face directory (or hub name), in eval mode; with
+    `adapter`, a LoRA adapter folder on it (a peft model, not merged: a vllm policy serves it as one)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     check_model_path(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=TORCH_DTYPES.get(dtype, "auto"))
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter))
     return model.eval(), AutoTokenizer.from_pretrained(path)
 
 
@@ -67,8 +75,10 @@ def resolve_dtype(name: str) -> torch.dtype:
     raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {name!r}")
 
 
-def load_student(path: str | os.PathLike[str], dtype: str) -> tuple[nn.Module, Any]:
-    """The student to train, in `student.dtype` (as the trainer reads `auto`), and its tokenizer."""
+def load_student(path: str | os.PathLike[str], dtype: str, lora: Any = None) -> tuple[nn.Module, Any]:
+    """The student to train, in `student.dtype` (as the trainer reads `auto`), with a fresh LoRA adapter
+    when `lora` (a turnopd.config.LoraConfig) is given, and its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype)), AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype))
+    return (model if lora is None else add_adapter(model, lora)), AutoTokenizer.from_pretrained(path)

@@ -32,6 +32,7 @@ from envs.pool import EnvPool
 from teachers import Teacher, TeacherSpec, check_tokenizers, make_teachers
 from turnopd.algorithm.budget import DepthSchedule, loss_alpha, make_depth_schedule, probe_statistics
 from turnopd.algorithm.objective import ESTIMATORS, turn_kl_profile
+from turnopd.analysis.plot import plot_run
 from turnopd.config import RunConfig, to_yaml
 from turnopd.core import checkpoint as ckpt
 from turnopd.core.distributed import barrier, gather_objects, rank_and_world
@@ -39,8 +40,9 @@ from turnopd.core.ledger import Ledger
 from turnopd.core.methods import method_of
 from turnopd.core.metrics import MetricsWriter, truncate_after_step
 from turnopd.core.progress import StepProgress, print_summary
+from turnopd.core.tracking import TRACKERS, TrackedRun
 from turnopd.core.types import EpisodeSummary, build_token_batch, describe_env_errors, env_errors
-from turnopd.engines.hf_models import load_student
+from turnopd.engines.hf_models import load_model, load_student
 from turnopd.models import prepare_model
 from turnopd.orchestration.pipeline import BatchPlan, PipelineStats, open_rollouts, plan_batch
 from turnopd.orchestration.preflight import Setup, check_setup, run_dir_for
@@ -64,15 +66,13 @@ def seed_everything(seed: int) -> None:
 
 class RunLog:
     """What a run writes, on rank 0 only: metrics.jsonl (one record per step and evaluation, appended
-    and flushed), TensorBoard scalars and the eval lines a person reads."""
-
-    TRAIN_SCALARS = ("loss", "mean_kl", "alpha", "rollout_depth_cap", "success_rate", "mean_turns",
-                     "deep_turn_share", "train_time_s")
+    and flushed: the run's record), the same records to each tracker of `tracking`
+    (turnopd.core.tracking), the eval lines a person reads and, at the end, frontier.png."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, ledger: Ledger, start_step: int):
         rank, world = rank_and_world()
-        self.ledger, self.is_main = ledger, rank == 0
-        self.writer = self.tb = None
+        self.ledger, self.is_main, self.run_dir, self.step = ledger, rank == 0, run_dir, start_step
+        self.writer, self.trackers = None, []
         if not self.is_main:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -81,17 +81,15 @@ class RunLog:
         self.writer.write({"kind": "start", "name": cfg.name, "method": method_of(dataclasses.asdict(cfg)),
                            "seed": cfg.seed, "total_steps": cfg.trainer.steps, "resumed_from_step": start_step,
                            "world_size": world})
-        if cfg.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+        tracked = TrackedRun(run_dir, cfg.name, dataclasses.asdict(cfg), start_step)
+        self.trackers = [TRACKERS.get(name)(tracked) for name in cfg.tracking]
 
     def train(self, record: dict[str, Any]) -> None:
         if self.writer is not None:
             self.writer.write(record)
-        if self.tb is not None:
-            for key in self.TRAIN_SCALARS:
-                self.tb.add_scalar(f"train/{key}", record[key], record["step"])
+        self.step = record["step"]
+        for tracker in self.trackers:
+            tracker.log_record(record, record["step"])
 
     def eval(self, result: EvalResult, step: int, kind: str = "eval") -> None:
         if not self.is_main:
@@ -101,13 +99,21 @@ class RunLog:
               f"(mean {result.mean_turns:.1f} turns)", flush=True)
         if result.env_failures:
             print(f"WARNING: {who} eval: {result.describe_env_failures()}; they count as lost", flush=True)
-        self.writer.write({"kind": kind, "step": step, "train_time_s": self.ledger.train_time(),
-                           "eval_time_s": self.ledger.step_phases.get("eval", 0.0), **result.record()})
-        if self.tb is not None:
-            self.tb.add_scalar(f"{kind}/avg_at_{result.k}", result.avg_at_k, step)
+        record = {"kind": kind, "step": step, "train_time_s": self.ledger.train_time(),
+                  "eval_time_s": self.ledger.step_phases.get("eval", 0.0), **result.record()}
+        self.writer.write(record)
+        for tracker in self.trackers:
+            tracker.log_eval(kind, record, step)
+
+    def finish(self) -> None:
+        """Once the run has trained: its accuracy-vs-training-time plot, frontier.png, to every tracker."""
+        if self.is_main:
+            plot = plot_run(self.run_dir)
+            for tracker in self.trackers:
+                tracker.log_image("frontier", plot, self.step)
 
     def close(self) -> None:
-        for out in (self.writer, self.tb):
+        for out in (self.writer, *self.trackers):
             if out is not None:
                 out.close()
 
@@ -165,7 +171,11 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> Run:
         init_process_group()  # for the barrier below (one process joins it later, in the Trainer)
     build_missing_models(cfg, setup)
     seed_everything(cfg.seed)  # after the builds, which draw random numbers of their own
-    student, tokenizer = load_student(setup.student_path, cfg.student.dtype)
+    student, tokenizer = load_student(setup.student_path, cfg.student.dtype, cfg.student.lora)
+    if cfg.student.lora is not None and rank_and_world()[0] == 0:
+        trainable, total = student.get_nb_trainable_parameters()
+        print(f"training a LoRA adapter (rank {cfg.student.lora.rank}): {trainable / 1e6:.2f}M of "
+              f"{total / 1e6:.1f}M parameters", flush=True)
     teachers = make_teachers(setup.teacher_specs)
     for env, teacher in teachers.items():
         check_tokenizers(tokenizer, teacher.tokenizer, str(setup.student_path), setup.teacher_specs[env].name)
@@ -313,6 +323,7 @@ def train(run: Run) -> dict[str, Any]:
 
     summary.update(train_time_s=ledger.train_time(), wall_time_s=ledger.wall_time(), phases=dict(ledger.totals),
                    steps=cfg.trainer.steps)
+    log.finish()
     if log.is_main:
         print_summary(cfg, summary)
     return summary
@@ -333,13 +344,21 @@ EVAL_CACHE = Path.home() / ".cache" / "turnopd" / "evals"
 def evaluate_teacher(cfg: RunConfig, setup: Setup, spec: TeacherSpec, pool: EnvPool) -> EvalResult:
     """The teacher's Avg@k on the same held-out tasks: the ceiling the student distills toward.
     Cached per (teacher weights, tasks, env and generation settings), so later runs skip it."""
-    weights = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(spec.model).glob("*.safetensors"))
-    key = json.dumps([spec.model, weights, setup.eval_tasks, dataclasses.asdict(cfg.env),
-                      dataclasses.asdict(cfg.policy), cfg.eval.k, cfg.eval.temperature, cfg.seed], sort_keys=True)
+    def weights(folder: str) -> list:
+        return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(folder).glob("*.safetensors"))
+
+    adapter = [spec.adapter, weights(spec.adapter)] if spec.adapter else []
+    key = json.dumps([spec.model, weights(spec.model), setup.eval_tasks, dataclasses.asdict(cfg.env),
+                      dataclasses.asdict(cfg.policy), cfg.eval.k, cfg.eval.temperature, cfg.seed, *adapter],
+                     sort_keys=True)
     cache = EVAL_CACHE / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
     if cache.is_file():
         return EvalResult.from_record(json.loads(cache.read_text()))
-    policy = make_policy(cfg.policy, spec.model, dtype=spec.dtype, seed=cfg.seed)
+    if spec.adapter:  # a LoRA teacher plays with its adapter (vLLM serves it as a LoRA adapter)
+        model, tokenizer = load_model(spec.model, spec.dtype, adapter=spec.adapter)
+        policy = make_policy(cfg.policy, model, tokenizer=tokenizer, dtype=spec.dtype, seed=cfg.seed)
+    else:
+        policy = make_policy(cfg.policy, spec.model, dtype=spec.dtype, seed=cfg.seed)
     try:
         result = evaluate(setup.spec, pool, policy, setup.eval_tasks, split=setup.eval_split, env_config=cfg.env,
                           policy_config=cfg.policy, k=cfg.eval.k, temperature=cfg.eval.temperature, seed=cfg.seed)

@@ -30,6 +30,7 @@ from omegaconf import OmegaConf
 from envs import make_env_spec
 from envs.base import EnvSpec, split_tasks
 from teachers import TEACHER_BACKENDS, TeacherSpec, TeacherSpecError, load_teacher_spec
+from teachers.spec import served_model_name
 from turnopd.algorithm.objective import ESTIMATORS
 from turnopd.config import ModelConfig, RecipeError, RunConfig, to_yaml
 
@@ -103,7 +104,7 @@ def check_teacher(spec: Any) -> str:
         if spec.backend == "vllm_server":
             key = "urls" if spec.urls else "url"
             url = ", ".join(check_url(u, key) for u in (spec.urls or [spec.url]))
-            served = spec.options.get("served_model_name", spec.name)
+            served = served_model_name(spec)  # the adapter's LoRA module name for a LoRA teacher
             tok_key = "tokenizer" if spec.tokenizer else "model"
             tokenizer = model_origin(spec.tokenizer or spec.model, tok_key, looked=looked)
             return (f"{spec.name}: vllm_server {url} serving {served!r} (not contacted in a dry run; start it before "
@@ -111,6 +112,8 @@ def check_teacher(spec: Any) -> str:
         origin = model_origin(spec.model, "model", missing_ok=built, looked=looked)
         if spec.tokenizer:
             origin += f"; tokenizer from {model_origin(spec.tokenizer, 'tokenizer', looked=looked)}"
+        if spec.adapter:
+            origin += f"; LoRA adapter {spec.adapter}"
         return f"{spec.name}: {spec.backend} teacher, model from {origin}"
     except RecipeError as exc:
         raise RecipeError(where + str(exc).replace("recipe key", "key")) from None

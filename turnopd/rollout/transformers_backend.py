@@ -21,6 +21,7 @@ from torch import nn
 
 from turnopd.config import PolicyConfig
 from turnopd.engines.hf_models import load_model, model_max_length
+from turnopd.engines.lora import load_sync_state, sync_state
 from turnopd.rollout.base import POLICY_BACKENDS, Generation, SamplingParams
 from turnopd.rollout.batching import DEFAULT_WAIT_S, MicroBatcher
 from turnopd.rollout.completion import check_prompt_lengths, eos_token_ids, finish_completion
@@ -164,12 +165,12 @@ class TransformersPolicy:
         ]
 
     def update_weights(self, model: nn.Module | dict[str, torch.Tensor]) -> None:
-        """New student weights: the generating module itself (nothing to copy), another module or a
-        state dict (copied in, once no batch is running)."""
+        """New student weights: the generating module itself (nothing to copy), another module or what
+        `turnopd.engines.lora.sync_state` returns (a LoRA student's adapter only), copied in once no
+        batch is running."""
         with self._batcher.lock:
             if model is not self.model:
-                state = model.state_dict() if isinstance(model, nn.Module) else model
-                self.model.load_state_dict(state)
+                load_sync_state(self.model, sync_state(model) if isinstance(model, nn.Module) else model)
             self.weight_version += 1
 
     def close(self) -> None:

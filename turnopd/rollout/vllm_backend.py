@@ -21,12 +21,21 @@ import tempfile
 import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from turnopd.config import PolicyConfig
+from turnopd.engines.lora import (
+    adapter_rank,
+    is_adapter_model,
+    save_base,
+    sync_state,
+    vllm_lora_rank,
+    write_adapter,
+)
 from turnopd.engines.vllm_engine import close_llm, make_llm
 from turnopd.rollout.base import POLICY_BACKENDS, Generation, SamplingParams
 from turnopd.rollout.completion import check_prompt_lengths, eos_token_ids, finish_completion
@@ -74,6 +83,7 @@ class ContinuousBatcher:
     def __init__(self, engine: Any):
         self.engine = engine
         self.before_step: Any = None
+        self.lora_request: Any = None  # the student's adapter, for a LoRA student
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="turnopd-vllm")
         self.lock = threading.RLock()  # held during an engine step: weight reloads wait for it
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -107,7 +117,8 @@ class ContinuousBatcher:
     def _step(self, pending: list[tuple[str, list[int], Any]]) -> list[Any]:
         with self.lock:
             for request_id, prompt, params in pending:
-                self.engine.add_request(request_id, {"prompt_token_ids": prompt}, params)
+                self.engine.add_request(request_id, {"prompt_token_ids": prompt}, params,
+                                        lora_request=self.lora_request)
             if self.before_step is not None:
                 self.before_step()
             return self.engine.step()
@@ -120,29 +131,43 @@ class ContinuousBatcher:
 class VLLMPolicy:
     """Student generation with an in-process vllm.LLM.
 
-    config.options are vLLM engine arguments (e.g. max_model_len, tensor_parallel_size).
+    config.options are vLLM engine arguments (e.g. max_model_len, tensor_parallel_size). A LoRA
+    student (a peft model) is served as vLLM's LoRA adapter over its base weights: a weight sync then
+    writes the adapter (a few MB) and reloads it in place, instead of every weight.
     """
 
     def __init__(self, model: str | os.PathLike[str] | nn.Module, config: PolicyConfig, *, tokenizer: Any = None,
                  dtype: str = "auto", seed: int = 0):
         self.config = config
         self._export_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._adapter_dir: tempfile.TemporaryDirectory[str] | None = None
+        engine_args = {"max_num_seqs": config.max_batch_size, **config.options}
+        adapter = isinstance(model, nn.Module) and is_adapter_model(model)
         if isinstance(model, nn.Module):
             # vLLM loads from a folder: the module (e.g. the trainer's student) is saved once; later
             # weights arrive in place through update_weights.
             if tokenizer is None:
                 raise ValueError("the vllm policy needs the tokenizer of an already-loaded model")
             self._export_dir = tempfile.TemporaryDirectory(prefix="turnopd-vllm-policy-")
-            model.save_pretrained(self._export_dir.name)
+            if adapter:  # vLLM serves the base; the adapter goes in as its LoRA adapter below
+                save_base(model, self._export_dir.name)
+                self._adapter_config = model.peft_config["default"]
+                engine_args.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(adapter_rank(model)))
+            else:
+                model.save_pretrained(self._export_dir.name)
             tokenizer.save_pretrained(self._export_dir.name)
-            model = self._export_dir.name
+            student, model = model, self._export_dir.name
         # at most max_batch_size sequences run at once, as in the transformers backend
-        self.llm = make_llm(model, dtype=dtype, seed=seed, **{"max_num_seqs": config.max_batch_size, **config.options})
+        self.llm = make_llm(model, dtype=dtype, seed=seed, **engine_args)
         self.tokenizer = tokenizer or self.llm.get_tokenizer()
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
         self.eos_ids = eos_token_ids(self.tokenizer, self.llm.llm_engine.model_config.hf_config)
         self.weight_version = 0
         self._batcher = ContinuousBatcher(self.llm.llm_engine)
+        if adapter:  # in RAM where there is a RAM disk: each sync rewrites it
+            self._adapter_dir = tempfile.TemporaryDirectory(prefix="turnopd-vllm-adapter-",
+                                                            dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+            self._load_adapter(sync_state(student))
 
     @property
     def before_batch(self):
@@ -170,14 +195,33 @@ class VLLMPolicy:
         return finish_completion(completion.token_ids, logprobs, self.tokenizer, sampling.stop, self.eos_ids)
 
     def update_weights(self, model: nn.Module | dict[str, torch.Tensor] | str | os.PathLike[str]) -> None:
-        """Reload new student weights in place (see reload_llm_weights), between engine steps."""
+        """Reload new student weights in place (see reload_llm_weights), between engine steps; for a LoRA
+        student, its adapter (the module, or the adapter tensors of `turnopd.engines.lora.sync_state`)."""
         with self._batcher.lock:
-            reload_llm_weights(self.llm, model)
+            if self._adapter_dir is None:
+                reload_llm_weights(self.llm, model)
+            elif isinstance(model, (str, os.PathLike)):
+                raise TypeError("a LoRA student's vllm policy takes the adapter (a module or its tensors), not a folder")
+            else:
+                self._load_adapter(sync_state(model) if isinstance(model, nn.Module) else model)
             self.weight_version += 1
+
+    def _load_adapter(self, state: dict[str, torch.Tensor]) -> None:
+        """Write the adapter and have vLLM reload it in place (same id: requests keep naming it), then
+        drop the prefix cache, whose blocks were computed with the old adapter."""
+        from vllm.lora.request import LoRARequest
+
+        write_adapter(self._adapter_config, state, Path(self._adapter_dir.name))
+        request = LoRARequest("student", 1, self._adapter_dir.name)
+        self.llm.llm_engine.add_lora(LoRARequest("student", 1, self._adapter_dir.name, load_inplace=True))
+        # Requests name it without load_inplace: with it, vLLM would reload the adapter every step.
+        self._batcher.lora_request = request
+        self.llm.reset_prefix_cache()
 
     def close(self) -> None:
         self._batcher.close()
         close_llm(self.llm)
         self.llm = None
-        if self._export_dir is not None:
-            self._export_dir.cleanup()
+        for folder in (self._export_dir, self._adapter_dir):
+            if folder is not None:
+                folder.cleanup()

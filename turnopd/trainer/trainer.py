@@ -33,6 +33,7 @@ from turnopd.config import LossConfig, ObjectiveConfig, TrainerConfig
 from turnopd.core.distributed import gather_objects
 from turnopd.core.types import TokenBatch
 from turnopd.engines.hf_models import resolve_dtype
+from turnopd.engines.lora import is_adapter_model
 from turnopd.trainer.engine import deepspeed_config, init_process_group
 from turnopd.trainer.packing import MicroBatch, build_micro_batch, pack_by_tokens, padding_micro_batch
 from turnopd.trainer.schedule import lr_factor
@@ -85,10 +86,19 @@ class StepTally:
 
 
 def decay_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Weight decay on matrices (linear and embedding weights), none on norms and biases."""
+    """Weight decay on matrices (linear and embedding weights), none on norms and biases. An empty group
+    is left out (a LoRA adapter has matrices only): ZeRO drops it, and the schedule would not line up."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def keep_trainable(module: nn.Module, state: dict[str, Any], prefix: str, local_metadata: Any, *,
+                   trainable: set[str]) -> None:
+    """A state_dict post-hook: drop every tensor but the trainable parameters'."""
+    for key in [k for k in state if k.removeprefix(prefix) not in trainable]:
+        del state[key]
 
 
 class Trainer:
@@ -126,6 +136,10 @@ class Trainer:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
         scorer = ActionScorer(model, objective_cfg.chunk_size)
+        self.adapter_only = is_adapter_model(model)
+        if self.adapter_only:  # DeepSpeed's checkpoint holds the adapter alone: the frozen base (a tied head too) is the base model's
+            scorer.register_state_dict_post_hook(functools.partial(keep_trainable, trainable={
+                name for name, p in scorer.named_parameters() if p.requires_grad}))
         # fused: one vectorized kernel (on CPU ~6x faster than the per-tensor loop), no extension build
         optimizer = torch.optim.AdamW(decay_param_groups(model, trainer_cfg.weight_decay), lr=trainer_cfg.lr,
                                       betas=tuple(trainer_cfg.betas), fused=True)
@@ -325,7 +339,8 @@ class Trainer:
     # ---------------------------------------------------------------------------------------
 
     def save(self, directory: str | Path) -> None:
-        """The student in Hugging Face format (`from_pretrained(directory)` loads it) plus, under
+        """The student in Hugging Face format (`from_pretrained(directory)` loads it; a LoRA student's
+        adapter, which `PeftModel.from_pretrained(base, directory)` loads) plus, under
         `directory/deepspeed`, the optimizer, scheduler and step counters (per-rank ZeRO partitions)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -340,7 +355,7 @@ class Trainer:
         state_dir = Path(directory) / "deepspeed"
         if not (state_dir / CHECKPOINT_TAG).is_dir():
             raise FileNotFoundError(f"no trainer state in {directory} (expected {state_dir / CHECKPOINT_TAG})")
-        path, client = self.engine.load_checkpoint(str(state_dir), tag=CHECKPOINT_TAG,
+        path, client = self.engine.load_checkpoint(str(state_dir), tag=CHECKPOINT_TAG, load_module_strict=not self.adapter_only,
                                                    load_optimizer_states=True, load_lr_scheduler_states=True)
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load the trainer state from {state_dir}")

@@ -44,6 +44,7 @@ from turnopd.config import RunConfig
 from turnopd.core.distributed import rank_and_world
 from turnopd.core.ledger import Ledger
 from turnopd.core.types import Trajectory
+from turnopd.engines.hf_models import load_student
 from turnopd.orchestration.pipeline.base import PIPELINE_MODES, PipelineMode, PipelineStats
 from turnopd.orchestration.pipeline.plan import BatchPlan, Episodes, score, step_episodes, wave_episodes
 from turnopd.orchestration.pipeline.shared_weights import (
@@ -120,7 +121,11 @@ def _generator_main(cfg: RunConfig, setup: Setup, weights: SharedWeights, cap: A
     try:
         with ledger.phase("startup"):
             teachers = make_teachers(setup.teacher_specs)
-            policy = make_policy(cfg.policy, str(setup.student_path), dtype=weights.dtype, seed=cfg.seed)
+            if cfg.student.lora is None:
+                policy = make_policy(cfg.policy, str(setup.student_path), dtype=weights.dtype, seed=cfg.seed)
+            else:  # the weights it is sent are the adapter's: it generates with a LoRA model of its own
+                student, tokenizer = load_student(setup.student_path, weights.dtype, cfg.student.lora)
+                policy = make_policy(cfg.policy, student, tokenizer=tokenizer, dtype=weights.dtype, seed=cfg.seed)
             policy.weight_version = -1  # the folder's weights, not yet the trainer's
             pool = EnvPool.for_config(setup.spec, cfg.env)
         with pool:

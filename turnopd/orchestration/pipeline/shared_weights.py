@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import torch.multiprocessing as torch_mp
 from torch import nn
 
+from turnopd.engines.lora import sync_state
 from turnopd.rollout import Policy
 
 POLL_S = 1.0  # how often a process blocked on the other one checks that it is still alive
@@ -21,14 +22,14 @@ class PeerGone(Exception):
 
 
 class SharedWeights:
-    """The trainer's newest student weights in shared memory, with their version. The trainer
+    """The trainer's newest student weights in shared memory (a LoRA student's adapter only), with their version. The trainer
     writes them after each optimizer step; the generator copies them into its policy. Both copy
     under `lock`, so the generator never loads half of an update. The version and the other shared
     flags are plain shared integers, read and written without a lock: no process can die holding one."""
 
     def __init__(self, module: nn.Module, version: int):
         self.tensors = {name: t.detach().to("cpu", copy=True).share_memory_()
-                        for name, t in module.state_dict().items()}
+                        for name, t in sync_state(module).items()}
         self.dtype = str(next(module.parameters()).dtype).removeprefix("torch.")
         self.version = SPAWN.Value("q", version, lock=False)
         self.lock = SPAWN.Lock()
@@ -47,7 +48,7 @@ class SharedWeights:
 
     def write(self, module: nn.Module, version: int) -> None:
         """(trainer, holding the lock) New weights and their version."""
-        for name, tensor in module.state_dict().items():
+        for name, tensor in sync_state(module).items():
             self.tensors[name].copy_(tensor.detach())
         self.version.value = version
 
