@@ -28,11 +28,9 @@ class TransformersTeacher:
     def __init__(self, spec: TeacherSpec):
         self.name = spec.name
         adapter = check_adapter(spec)  # before the base loads: a bad adapter fails at once
-        self.model, self.tokenizer = load_model(spec.model, spec.dtype)
+        self.model, self.tokenizer = load_model(spec.model, spec.dtype, adapter=spec.adapter if adapter else None)
         if adapter is not None:
-            from peft import PeftModel  # imported when used: it takes a second
-
-            self.model = PeftModel.from_pretrained(self.model, spec.adapter).merge_and_unload().eval()
+            self.model = self.model.merge_and_unload().eval()
         device = spec.options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model.to(device).requires_grad_(False)
         self.device = torch.device(device)

@@ -137,7 +137,8 @@ class Trainer:
         model.train()
         scorer = ActionScorer(model, objective_cfg.chunk_size)
         self.adapter_only = is_adapter_model(model)
-        if self.adapter_only:  # DeepSpeed's checkpoint holds the adapter alone: the frozen base (a tied head too) is the base model's
+        if self.adapter_only:  # DeepSpeed's checkpoint holds the adapter alone: the frozen base (tied head
+            # included, which exclude_frozen_parameters would keep) comes from the base model
             scorer.register_state_dict_post_hook(functools.partial(keep_trainable, trainable={
                 name for name, p in scorer.named_parameters() if p.requires_grad}))
         # fused: one vectorized kernel (on CPU ~6x faster than the per-tensor loop), no extension build
