@@ -14,6 +14,8 @@ final sampled Avg@4 at the rollouts' temperature):
 - paper: closer to the paper's: the 350-step student (it wins a fifth to a third of its training
   episodes), H_max 50, 32 steps of 16 episodes, so that a probe batch holds 16 probes; arms
   vanilla_opd, turnopd, turnopd_continuous.
+- familiarity: headroom's settings; turnopd against turnopd with a familiarity weight and gate on
+  the teacher's action entropy (recipes/methods/turnopd_familiarity_*.yaml, turnopd.algorithm.familiarity).
 
 Each regime is `turnopd sweep` (turnopd.orchestration.sweep: seed 0 of every arm, then seed 1, ...;
 a run's line gives the sweep's elapsed time and ETA; a sweep started again skips complete runs and
@@ -37,6 +39,7 @@ COMMON = ["eval.every=8", "eval.final_k=4", "eval.temperature=0.5", "eval.teache
           "tracking=[]"]
 REGIMES = {
     "headroom": ("vanilla_opd,turnopd,fixed_cap,tcod,turnopd_continuous", []),
+    "familiarity": ("turnopd,turnopd_familiarity_weight,turnopd_familiarity_gate", []),
     "paper": ("vanilla_opd,turnopd,turnopd_continuous", [
         "student.path=~/.cache/turnopd/models/alfworld-student-sft350",
         "student.prepare_options.overrides=[trainer.steps=350]", "env.max_turns=50", "depth.h_max=50",

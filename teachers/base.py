@@ -19,12 +19,14 @@ class TokenScores:
     """A teacher's scores of one sequence, one entry per position (see the module docstring).
 
     With top-k asked: topk_ids[p] / topk_logprobs[p] are the teacher's k most likely tokens at
-    position p (given ids[:p]) and their log-probs, most likely first.
+    position p (given ids[:p]) and their log-probs, most likely first. entropy[p]: the entropy of
+    the teacher's whole distribution at position p, from a backend that has it (transformers).
     """
 
     logprobs: list[float]
     topk_ids: list[list[int]] | None = None
     topk_logprobs: list[list[float]] | None = None
+    entropy: list[float] | None = None
 
 
 class Teacher(Protocol):
@@ -42,7 +44,8 @@ class Teacher(Protocol):
 # Backends are classes constructed from a TeacherSpec (teachers.spec): TEACHER_BACKENDS.get(name)(spec).
 # What the pre-flight checks read from a backend class before any model loads: `provides_model` (the
 # teacher's nn.Module is in this process, as `.model`: what a full-vocabulary estimator needs) and
-# `max_topk(spec)` (the largest top-k it scores, None: no limit).
+# `max_topk(spec)` (the largest top-k it scores, None: no limit), and `scores_entropy` (its scores carry
+# the exact entropy of every position; else the familiarity signal action_entropy needs a top-k).
 TEACHER_BACKENDS: Registry[Callable[..., Teacher]] = Registry("teacher backend")
 
 

@@ -5,14 +5,16 @@ Each trajectory is split into the fewest sequences that reproduce what the stude
 extends the previous prompt + answer (a chat that only appends), else one per turn window (the
 rollout engine's prompts re-render a history window each turn, so its trajectories score one
 window per turn). All sequences of all trajectories that share a teacher go to it in one call, so
-the backend batches across trajectories. Only the student's action tokens are read out.
+the backend batches across trajectories. The student's action tokens are read out, and each turn's
+familiarity signals (turnopd.algorithm.familiarity) from the same scores: no extra forward.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from teachers.base import Teacher
+from teachers.base import Teacher, TokenScores
+from turnopd.algorithm.familiarity import span_signals, topk_tail_entropy
 from turnopd.core.types import ScoredSequence, Trajectory, trajectory_sequences
 
 
@@ -41,11 +43,28 @@ def score_trajectories(teachers_by_env: dict[str, Teacher], trajectories: Sequen
         all_scores = teachers[key].score([seq.ids for _, seq in items], topk=topk)
         for (traj, seq), scores in zip(items, all_scores, strict=True):
             turns = {turn.index: turn for turn in traj.turns}
-            for start, end, turn_index in seq.spans:
+            signals = span_signals(scores.logprobs, [(start, end) for start, end, _ in seq.spans],
+                                   action_entropies(scores, seq.spans))
+            for (start, end, turn_index), turn_signals in zip(seq.spans, signals, strict=True):
                 turn = turns[turn_index]
+                turn.teacher_signals = turn_signals
                 turn.teacher_logprobs = scores.logprobs[start:end]
                 if topk:
                     turn.teacher_topk_ids = scores.topk_ids[start:end]
                     turn.teacher_topk_logprobs = scores.topk_logprobs[start:end]
             scored_tokens += len(seq.ids)
     return scored_tokens
+
+
+def action_entropies(scores: TokenScores, spans: Sequence[tuple[int, int, int]]) -> list[float] | None:
+    """The teacher's entropy at each position (read at the action spans only): exact when the backend
+    scored it (TokenScores.entropy), else from its top-k and a tail bucket, else None (no top-k)."""
+    if scores.entropy is not None:
+        return scores.entropy
+    if not scores.topk_logprobs:
+        return None
+    out = [0.0] * len(scores.logprobs)
+    for start, end, _ in spans:
+        for p in range(start, end):
+            out[p] = topk_tail_entropy(scores.topk_logprobs[p])
+    return out

@@ -14,12 +14,14 @@ import torch
 
 from teachers.base import TEACHER_BACKENDS, TokenScores, check_sequences
 from teachers.spec import TeacherSpec, check_adapter
+from turnopd.algorithm.familiarity import entropy_from_logprobs
 from turnopd.engines.hf_models import length_batches, load_model, model_max_length
 
 
 @TEACHER_BACKENDS.register("transformers")
 class TransformersTeacher:
     provides_model = True  # `.model` is the nn.Module, in this process
+    scores_entropy = True  # the whole distribution is at hand
 
     @staticmethod
     def max_topk(spec: TeacherSpec) -> int | None:
@@ -55,7 +57,7 @@ class TransformersTeacher:
                 logprobs = logits[row, : n - 1].float().log_softmax(-1)
                 targets = ids[row, 1:n].to(logprobs.device)
                 token_lp = [0.0, *logprobs.gather(1, targets[:, None]).squeeze(1).tolist()]
-                scores = TokenScores(logprobs=token_lp)
+                scores = TokenScores(logprobs=token_lp, entropy=[0.0, *entropy_from_logprobs(logprobs).tolist()])
                 if topk:
                     top = logprobs.topk(topk, dim=-1)
                     scores.topk_ids = [[], *top.indices.tolist()]

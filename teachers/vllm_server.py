@@ -128,6 +128,7 @@ class Replicas:
 @TEACHER_BACKENDS.register("vllm_server")
 class VLLMServerTeacher:
     provides_model = False
+    scores_entropy = False  # prompt logprobs carry a top-k at most
 
     @staticmethod
     def max_topk(spec: TeacherSpec) -> int | None:

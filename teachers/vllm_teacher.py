@@ -61,6 +61,7 @@ def scores_from_prompt_logprobs(ids: Sequence[int], entries: Sequence[Mapping[in
 @TEACHER_BACKENDS.register("vllm")
 class VLLMTeacher:
     provides_model = False
+    scores_entropy = False  # prompt logprobs carry a top-k at most
 
     @staticmethod
     def max_topk(spec: TeacherSpec) -> int | None:

@@ -302,6 +302,23 @@ def test_turn_kl_bands_average_the_profiles_per_band_of_turns(tmp_path: Path):
     assert turn_kl_bands([run], 2) == pytest.approx([0.2, 0.3, 0.9])
 
 
+def test_familiarity_signal_bands_and_their_table(tmp_path: Path):
+    # context_logprob: step 1 turns 0-2, step 2 turn 0; bands of 10: (-1 - 2 - 3 - 4) / 4 = -2.5
+    run_dir = write_run(tmp_path, "r", method="turnopd", total_steps=2, train=[(1, 1.0), (2, 2.0)], evals=[],
+                        familiarity_kept_share=0.75)
+    run = load_run(run_dir)
+    run.train[0]["turn_signal_profiles"] = {"context_logprob": [-1.0, -2.0, -3.0], "action_entropy": [0.5]}
+    run.train[1]["turn_signal_profiles"] = {"context_logprob": [-4.0]}
+    assert turn_kl_bands([run], 2, "context_logprob") == pytest.approx([-2.0 - 1 / 3, -3.0])
+    row = compare([run]).rows[0]
+    assert row.turn_signal_bands == {"action_entropy": [0.5], "context_logprob": [pytest.approx(-2.5)]}
+    assert row.familiarity_kept_share == 0.75
+    from turnopd.commands.frontier import familiarity_table
+    _, headers, rows = familiarity_table(compare([run]))
+    assert headers == ["run", "signal", "turns 1-10", "weight kept"]
+    assert [r[1:] for r in rows] == [["action_entropy", "0.500", "75%"], ["context_logprob", "-2.500", "75%"]]
+
+
 def test_a_folder_without_metrics_is_named(tmp_path: Path):
     (tmp_path / "sweep" / "x-s0").mkdir(parents=True)
     (tmp_path / "sweep" / "x-s0" / "metrics.jsonl").write_text("")

@@ -18,7 +18,7 @@ from turnopd.algorithm.objective import (
     k1_loss,
     k3_loss,
     nll_loss,
-    per_trajectory_turn_kl,
+    per_trajectory_turn_means,
     token_weights,
     topk_loss,
     turn_kl_profile,
@@ -303,11 +303,11 @@ def test_deep_turn_share_hand_worked():
     assert deep_turn_share(w, torch.zeros(4), turn, traj) == 0.0
 
 
-def test_per_trajectory_turn_kl_and_profile():
+def test_per_trajectory_turn_means_and_profile():
     traj = torch.tensor([0, 0, 0, 1, 1])
     turn = torch.tensor([0, 0, 1, 0, 1])
     kl = torch.tensor([1.0, 3.0, 0.5, 4.0, 2.0])
-    per = per_trajectory_turn_kl(kl, traj, turn, num_trajectories=3)
+    per = per_trajectory_turn_means(kl, traj, turn, num_trajectories=3)
     # traj 0: turn 0 mean(1, 3) = 2, turn 1 = 0.5; traj 1: turn 0 = 4, turn 1 = 2; traj 2 has no tokens
     assert per == [[2.0, 0.5], [4.0, 2.0], []]
     # profile: turn 0 mean(2, 4) = 3, turn 1 mean(0.5, 2) = 1.25; a shorter trajectory only counts where alive

@@ -49,9 +49,11 @@ def algorithm_registries() -> dict[str, Registry]:
     """The registries of the algorithm layer, by kind. Imported when a recipe is validated, not with
     this module: env workers unpickle an EnvConfig, and should not load torch for it."""
     from turnopd.algorithm.budget import ALPHA_SCHEDULES, DEPTH_MODES
+    from turnopd.algorithm.familiarity import FAMILIARITY_MODES, FAMILIARITY_SIGNALS
     from turnopd.algorithm.objective import ESTIMATORS, TOKEN_WEIGHT_MODES
 
-    return {r.kind: r for r in (ESTIMATORS, TOKEN_WEIGHT_MODES, ALPHA_SCHEDULES, DEPTH_MODES)}
+    return {r.kind: r for r in (ESTIMATORS, TOKEN_WEIGHT_MODES, ALPHA_SCHEDULES, DEPTH_MODES, FAMILIARITY_MODES,
+                                FAMILIARITY_SIGNALS)}
 
 
 @dataclass
@@ -131,6 +133,20 @@ class LossConfig:
     alpha_schedule: str = field(default="linear", metadata=_registered("alpha schedule"))
     alpha_start: float = field(default=0.0, metadata=_range(0.0, 1.0))
     alpha_end: float = field(default=1.0, metadata=_range(0.0, 1.0))
+
+
+@dataclass
+class FamiliarityConfig:
+    """Where the teacher is guessing (turnopd.algorithm.familiarity): every run logs the signals per
+    turn; `mode` weight or gate also scales each turn's KL weight by its `signal`."""
+
+    mode: str = field(default="none", metadata=_registered("familiarity mode"))
+    signal: str = field(default="context_logprob", metadata=_registered("familiarity signal"))
+    # in the signal's own units; weight and gate need it (`turnopd teacher audit` prints its quantiles)
+    threshold: float | None = None
+    temperature: float = field(default=1.0, metadata=_range(1e-6))  # weight: the sigmoid's scale
+    # teacher top-k scored for action_entropy from a backend whose scores carry no entropy (vllm, vllm_server)
+    topk: int = field(default=0, metadata=_range(0))
 
 
 @dataclass
@@ -215,6 +231,7 @@ class RunConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+    familiarity: FamiliarityConfig = field(default_factory=FamiliarityConfig)
     depth: DepthConfig = field(default_factory=DepthConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -320,6 +337,11 @@ def check_consistency(cfg: RunConfig) -> None:
     if o.clip_eps is not None and not est.needs_sampling_logprobs:
         raise RecipeError(f"recipe key 'objective.clip_eps': {o.clip_eps}; it clips the importance ratio of an "
                           f"estimator that has one (k1), and {o.estimator} has none")
+    fam = cfg.familiarity
+    if fam.mode != "none" and fam.threshold is None:
+        raise RecipeError(f"recipe key 'familiarity.threshold': familiarity.mode={fam.mode} needs a threshold in "
+                          f"the units of familiarity.signal={fam.signal} (`turnopd teacher audit RECIPE` prints "
+                          "its quantiles on student states)")
     lora = cfg.student.lora
     if lora is not None:
         if cfg.trainer.zero_stage == 3:

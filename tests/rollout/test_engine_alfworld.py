@@ -161,3 +161,18 @@ def test_greedy_trajectories_are_the_lockstep_engines(spec, games, policy, cap, 
             assert (a.index, a.observation, a.prompt_ids, a.action_ids, a.action_text, a.reward, a.invalid) == (
                 b.index, b.observation, b.prompt_ids, b.action_ids, b.action_text, b.reward, b.invalid)
             assert a.student_logprobs == pytest.approx(b.student_logprobs, abs=1e-5)
+
+
+def test_a_replayed_prefix_puts_the_policy_in_the_same_state(spec, games, policy):
+    """A takeover: the first two expert actions replayed, then the policy plays from turn 2 the very
+    prompts (history included) of the episode it played from the start, and wins the same way."""
+    with EnvPool(spec, num_workers=2, step_timeout_s=120) as pool:
+        (whole,) = rollout(spec, pool, policy, [LOOK_GAME], env_config=ENV_CONFIG, sampling=SAMPLING, cap=6)
+        prefix = [spec.parse_action(turn.action_text).action for turn in whole.turns[:2]]
+        taken, wrong = rollout(spec, pool, policy, [LOOK_GAME, LOOK_GAME], env_config=ENV_CONFIG, sampling=SAMPLING,
+                               cap=6, replays=[prefix, ["go to desk 1", "look"]])
+    assert [turn.index for turn in taken.turns] == [2, 3] and taken.success
+    assert [turn.prompt_ids for turn in taken.turns] == [turn.prompt_ids for turn in whole.turns[2:]]
+    assert taken.turns[0].observation == whole.turns[2].observation
+    assert wrong.turns[0].observation != whole.turns[2].observation  # another prefix, another state
+    assert wrong.turns[0].index == 2 and wrong.depth == 6  # max_turns turns of its own after the replay

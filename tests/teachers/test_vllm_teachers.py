@@ -103,6 +103,28 @@ def test_alfworld_trajectories_scored_alike(alfworld_trajectories, in_process, r
             assert turn.teacher_logprobs == pytest.approx(e, abs=1e-4)
 
 
+def test_familiarity_signals_from_vllm_match_transformers_and_bound_its_entropy(alfworld_trajectories, in_process,
+                                                                                 reference):
+    """The log-prob signals are the transformers teacher's; vLLM's prompt logprobs carry no entropy, so
+    action_entropy comes from its top-k and a tail bucket: at most the exact entropy, and closer with
+    a larger k."""
+    trajs = alfworld_trajectories
+    score_trajectories({"alfworld": reference}, trajs)
+    exact = [dict(turn.teacher_signals) for t in trajs for turn in t.turns]
+    bounds = {}
+    for k in (2, 20):
+        score_trajectories({"alfworld": in_process}, trajs, topk=k)
+        bounds[k] = [dict(turn.teacher_signals) for t in trajs for turn in t.turns]
+    for e, small, large in zip(exact, bounds[2], bounds[20], strict=True):
+        for name in ("context_logprob", "action_logprob"):
+            assert large[name] == pytest.approx(e[name], abs=1e-4)
+        assert small["action_entropy"] <= large["action_entropy"] + 1e-6 <= e["action_entropy"] + 2e-6
+    assert sum(e["action_entropy"] - b["action_entropy"] for e, b in zip(exact, bounds[20], strict=True)) < sum(
+        e["action_entropy"] - b["action_entropy"] for e, b in zip(exact, bounds[2], strict=True))
+    score_trajectories({"alfworld": in_process}, trajs)  # no top-k: no entropy
+    assert all("action_entropy" not in turn.teacher_signals for t in trajs for turn in t.turns)
+
+
 def test_in_process_lora_teacher_matches_transformers(lora_adapter, tiny_model_dir, in_process, reference):
     import typing
 

@@ -99,9 +99,10 @@ def reference_token_logprobs(model, trajectories: list[Trajectory]) -> list[torc
 
 
 def reference_loss(model, trajectories: list[Trajectory], estimator: str, mode: str, alpha: float,
-                   teacher=None, clip_eps: float | None = None) -> torch.Tensor:
-    """sum_p w_p l_p with every per-token loss written out from full-vocabulary log-probs."""
-    weights = reference_weights(trajectories, mode, alpha)
+                   teacher=None, clip_eps: float | None = None, weights: list[float] | None = None) -> torch.Tensor:
+    """sum_p w_p l_p with every per-token loss written out from full-vocabulary log-probs (w_p: the
+    loss mode's, or the given `weights`)."""
+    weights = reference_weights(trajectories, mode, alpha) if weights is None else weights
     student_rows = reference_token_logprobs(model, trajectories)
     teacher_rows = reference_token_logprobs(teacher, trajectories) if teacher is not None else None
     tokens = [(turn, j) for traj in trajectories for turn in traj.turns for j in range(len(turn.action_ids))]

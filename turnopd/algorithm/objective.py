@@ -361,15 +361,16 @@ def deep_turn_share(weights: torch.Tensor, per_token_loss: torch.Tensor, turn_id
     return float(mass[is_deep_turn(turn_ids, traj_ids)].sum()) / total if total > 0 else 0.0
 
 
-def per_trajectory_turn_kl(per_token_kl: torch.Tensor, traj_ids: torch.Tensor, turn_ids: torch.Tensor,
-                           num_trajectories: int) -> list[list[float]]:
-    """Per trajectory 0..num_trajectories-1 of a batch, the mean per-token KL of each turn 0..D-1
-    (D = largest turn index + 1; a turn without student tokens reads 0.0; a trajectory without
-    any, []). The input of the depth controller (turnopd.algorithm.budget.probe_statistics)."""
+def per_trajectory_turn_means(per_token: torch.Tensor, traj_ids: torch.Tensor, turn_ids: torch.Tensor,
+                              num_trajectories: int) -> list[list[float]]:
+    """Per trajectory 0..num_trajectories-1 of a batch, the mean of a per-token value (the KL, a
+    familiarity signal) over each turn 0..D-1 (D = largest turn index + 1; a turn without student
+    tokens reads 0.0; a trajectory without any, []). Of the KL: the input of the depth controller
+    (turnopd.algorithm.budget.probe_statistics)."""
     out: list[list[float]] = [[] for _ in range(num_trajectories)]
     for traj in torch.unique(traj_ids).tolist():
         sel = traj_ids == traj
-        turns, kl = turn_ids[sel], per_token_kl[sel].detach().double()
+        turns, kl = turn_ids[sel], per_token[sel].detach().double()
         depth = int(turns.max()) + 1
         sums = torch.zeros(depth, dtype=torch.float64).index_add_(0, turns, kl)
         counts = torch.bincount(turns, minlength=depth).double()
@@ -378,8 +379,8 @@ def per_trajectory_turn_kl(per_token_kl: torch.Tensor, traj_ids: torch.Tensor, t
 
 
 def turn_kl_profile(per_trajectory: list[list[float]]) -> list[float]:
-    """The per-turn KL profile: at each turn index, the mean over the trajectories that reached it
-    of their turn-mean KL."""
+    """The per-turn profile of a turn value (the KL, a familiarity signal): at each turn index, the
+    mean over the trajectories that reached it of their turn means."""
     depth = max((len(kls) for kls in per_trajectory), default=0)
     profile = []
     for t in range(depth):

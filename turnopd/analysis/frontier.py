@@ -415,16 +415,19 @@ def mean_of_field(runs: Sequence[Run], key: str) -> float | None:
     return statistics.fmean(numbers) if numbers else None
 
 
-def turn_kl_bands(runs: Sequence[Run], width: int) -> list[float]:
-    """The per-turn KL profile in bands of `width` turns (turns [0, width), [width, 2 width), ...):
-    for band b, the mean over the runs' train records of their `turn_kl_profile` entries t with
-    b * width <= t < (b + 1) * width (an entry is turn t's mean KL over the trajectories that
-    reached it). As many bands as the deepest profile needs."""
+def turn_kl_bands(runs: Sequence[Run], width: int, signal: str | None = None) -> list[float]:
+    """The per-turn KL profile (or, with `signal`, that familiarity signal's profile in
+    `turn_signal_profiles`) in bands of `width` turns (turns [0, width), [width, 2 width), ...): for
+    band b, the mean over the runs' train records of their profile entries t with
+    b * width <= t < (b + 1) * width (an entry is turn t's mean over the trajectories that reached
+    it). As many bands as the deepest profile needs."""
     by_band: dict[int, list[float]] = defaultdict(list)
     for run in runs:
         for record in run.train:
-            for t, kl in enumerate(record.get("turn_kl_profile") or []):
-                by_band[t // width].append(kl)
+            profile = (record.get("turn_kl_profile") if signal is None
+                       else (record.get("turn_signal_profiles") or {}).get(signal))
+            for t, value in enumerate(profile or []):
+                by_band[t // width].append(value)
     return [statistics.fmean(by_band[b]) if by_band[b] else math.nan for b in range(max(by_band, default=-1) + 1)]
 
 
@@ -509,6 +512,8 @@ class GroupSummary:
     phase_shares: dict[str, float] = field(default_factory=dict)
     busy_shares: dict[str, float] = field(default_factory=dict)
     turn_kl_bands: list[float] = field(default_factory=list)  # turn_kl_bands(members, TURN_BAND)
+    turn_signal_bands: dict[str, list[float]] = field(default_factory=dict)  # per familiarity signal logged
+    familiarity_kept_share: float | None = None  # mean over steps; None without familiarity.mode weight/gate
     final_interval: Interval | None = None  # bootstrap over tasks and seeds
     difference: Interval | None = None  # final minus the baseline's, paired
     speedup_interval: tuple[float, float] | None = None  # over seeds
@@ -570,6 +575,8 @@ def compare(runs: Sequence[Run], baseline: str | None = None, seed: int = 0) -> 
             eval_time_s=statistics.fmean(run.eval_time_s for run in members),
             phase_shares=phase_shares(members), busy_shares=busy_shares(members),
             turn_kl_bands=turn_kl_bands(members, TURN_BAND),
+            turn_signal_bands={name: turn_kl_bands(members, TURN_BAND, name) for name in logged_signals(members)},
+            familiarity_kept_share=mean_of_field(members, "familiarity_kept_share"),
             final_interval=bootstrap_accuracy(list(finals.values()), rng),
             difference=bootstrap_difference(finals, base_finals, rng) if group is not base else None,
             speedup_interval=percentile_interval(ratios["time"]) if ratios.get("time") else None,
@@ -579,6 +586,11 @@ def compare(runs: Sequence[Run], baseline: str | None = None, seed: int = 0) -> 
             teacher=mean_of_values(run.teacher for run in members),
         ))
     return Comparison(rows, base, step_point, time_point, fastest.name, target, base_time)
+
+
+def logged_signals(runs: Sequence[Run]) -> list[str]:
+    """The familiarity signals the runs' train records carry profiles of."""
+    return sorted({name for run in runs for record in run.train for name in record.get("turn_signal_profiles") or {}})
 
 
 def mean_of_values(values: Iterable[float | None]) -> float | None:

@@ -175,6 +175,23 @@ def turn_kl_table(cmp: Comparison) -> tuple[str, list[str], Rows]:
     return "Teacher-student KL per action token, by turn (mean of the per-turn KL profiles)", headers, rows
 
 
+def familiarity_table(cmp: Comparison) -> tuple[str, list[str], Rows]:
+    """Each group's teacher familiarity signals per band of turns, beside the KL table: how familiar
+    the states look to the teacher and how sure it is, where along the episode; and the loss weight
+    a familiarity weight or gate kept."""
+    bands = max((len(v) for row in cmp.rows for v in row.turn_signal_bands.values()), default=0)
+    headers = ["run", "signal", *(f"turns {b * TURN_BAND + 1}-{(b + 1) * TURN_BAND}" for b in range(bands)),
+               "weight kept"]
+
+    def cell(values: list[float], band: int) -> str:
+        return f"{values[band]:.3f}" if band < len(values) and math.isfinite(values[band]) else "–"
+
+    rows = [[row.group.label, name, *(cell(values, b) for b in range(bands)), _share(row.familiarity_kept_share)]
+            for row in cmp.rows for name, values in row.turn_signal_bands.items()]
+    return ("Teacher familiarity by turn (turnopd.algorithm.familiarity: context_logprob and action_logprob "
+            "in nats per token, higher is familiar; action_entropy in nats, lower is surer)", headers, rows)
+
+
 def notes(cmp: Comparison, runs: Sequence[Run]) -> list[str]:
     splits = sorted({run.split for run in runs if run.split})
     lines = [
@@ -212,6 +229,8 @@ def _markdown(headers: list[str], rows: Rows) -> str:
 
 def print_report(cmp: Comparison, runs: Sequence[Run], md: bool) -> None:
     tables = [accuracy_table(cmp, runs), work_table(cmp), cost_table(cmp), turn_kl_table(cmp)]
+    if any(row.turn_signal_bands for row in cmp.rows):
+        tables.append(familiarity_table(cmp))
     if md:
         for title, headers, rows in tables:
             print(f"**{title}**\n\n{_markdown(headers, rows)}\n")

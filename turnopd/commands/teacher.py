@@ -1,6 +1,7 @@
 """`turnopd teacher serve TEACHER_SPEC`: start vLLM's OpenAI-compatible server for a teacher.
+`turnopd teacher audit RECIPE`: where the teacher is guessing (turnopd.orchestration.audit).
 
-It runs `python -m vllm.entrypoints.openai.api_server` (see teachers.spec.server_command), prints
+`serve` runs `python -m vllm.entrypoints.openai.api_server` (see teachers.spec.server_command), prints
 the URL to put in the spec's `url` (backend vllm_server), waits until the server answers /health,
 and stays in the foreground until the server ends or Ctrl-C stops it.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -76,6 +78,63 @@ def _wait_ready(server: subprocess.Popen, url: str, timeout_s: float) -> bool:
     return False
 
 
+def _interval(bounds: list[float] | tuple[float, float] | None, scale: float = 1.0, digits: int = 2) -> str:
+    return "–" if bounds is None else f"[{scale * bounds[0]:.{digits}f}, {scale * bounds[1]:.{digits}f}]"
+
+
+def _number(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def print_audit(report: dict) -> None:
+    """The audit's two tables, for a person."""
+    names = list(report["signals"])
+    print(f"\nTakeover success from student states (teacher {report['teacher']}, student {report['student']}; "
+          f"{report['episodes']} episodes, student success {100 * report['student_success']:.0f}%; "
+          f"{report['diverged']} replays diverged and were dropped)")
+    print(" | ".join(["turns", "states", "teacher takes over", "student takes over", *names]))
+    for b in report["bands"]:
+        print(" | ".join([f"{b['first_turn'] + 1}-{b['last_turn'] + 1}", str(b["states"]),
+                          f"{100 * b['takeover']['rate']:.0f}% {_interval(b['takeover']['interval'], 100, 0)}",
+                          f"{100 * b['student']['rate']:.0f}% {_interval(b['student']['interval'], 100, 0)}",
+                          *(f"{b['signals'][n]:.3f}" for n in names)]))
+    print("\nDoes the signal predict the takeover's success? (AUC > 0.5: the states it calls familiar are "
+          "the ones the teacher wins from; 95% bootstrap interval over the states; within bands: only pairs of "
+          "states of one depth band, so that depth itself does not count)")
+    print(" | ".join(["signal", "AUC", "interval", "AUC within bands", "interval", "mean (won)", "mean (lost)",
+                      "q10 / q25 / q50 / q75 / q90"]))
+    for name, s in report["signals"].items():
+        q = " / ".join(f"{v:.3f}" for v in s["quantiles"].values())
+        print(" | ".join([name, _number(s["auc"]), _interval(s["auc_interval"]), _number(s["auc_within_bands"]),
+                          _interval(s["auc_within_bands_interval"]), _number(s["mean_won"]), _number(s["mean_lost"]),
+                          q]))
+
+
+def audit(args: argparse.Namespace) -> int:
+    from turnopd.config import RecipeError
+    from turnopd.orchestration.recipe import load_recipe
+
+    try:
+        cfg = load_recipe(args.recipe, args.overrides)
+    except RecipeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from teachers import TeacherSpecError
+    from turnopd.orchestration.audit import run_audit
+
+    try:
+        report = run_audit(cfg, student=args.student, episodes=args.episodes, per_band=args.per_band,
+                           band_width=args.band_width)
+    except (RecipeError, TeacherSpecError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    with open(report["path"], "w") as f:
+        json.dump(report, f, indent=1)
+    print_audit(report)
+    print(f"\naudit: {report['path']} and its plot {report['plot']} ({report['seconds']:.0f} s)")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("teacher", help="teacher tools")
     teacher_sub = p.add_subparsers(dest="teacher_command", metavar="TEACHER_COMMAND")
@@ -86,4 +145,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--ready-timeout", type=float, default=600.0, metavar="S",
                    help="seconds to wait for the server to answer /health")
     s.set_defaults(func=serve)
+    a = teacher_sub.add_parser("audit", help="teacher takeovers from student states: where the teacher is right, "
+                                             "and whether its familiarity signals tell")
+    a.add_argument("recipe", help="a distillation recipe (its student, teacher, env and rollout sampling)")
+    a.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotlist overrides of the recipe")
+    a.add_argument("--student", metavar="PATH", help="a model, checkpoint or run folder (its newest checkpoint); "
+                                                     "default: the recipe's student")
+    a.add_argument("--episodes", type=int, default=16, help="student episodes to draw states from")
+    a.add_argument("--per-band", type=int, default=12, help="states per band of turns to take over from")
+    a.add_argument("--band-width", type=int, default=10, help="turns per band")
+    a.set_defaults(func=audit)
     p.set_defaults(func=lambda args: p.print_help() or 2)

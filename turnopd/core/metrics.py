@@ -11,6 +11,10 @@ Record kinds (field "kind"):
   probes (probe episodes this step), h_cov_measured (False: too few probes succeeded, H_cov is the
   fallback's), tokens_generated, tokens_scored (run through the teacher), tokens_trained,
   env_steps, mean_turns, success_rate, invalid_action_rate, skipped (bool),
+  turn_signal_profiles {familiarity signal: [per turn, the mean over the trajectories that reached
+  it]} (context_logprob, action_logprob, action_entropy: turnopd.algorithm.familiarity; those the
+  teacher scored), familiarity_kept_share (the share of the loss weight familiarity.mode weight or
+  gate left on the turns, before renormalizing; None with mode none),
   teacher_replicas {teacher: {replica url: requests, failures, up, mean_latency_s this step}}
   (vllm_server teachers scoring in the training process).
   step_time_s (this step's wall-clock, eval and checkpoint excluded), generator_phases {the generator

@@ -28,6 +28,8 @@ class Turn:
     teacher_topk_logprobs: list[list[float]] | None = None
     reward: float = 0.0
     invalid: bool = False
+    # The teacher's familiarity signals of this turn, by name (turnopd.algorithm.familiarity), when scored.
+    teacher_signals: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if len(self.student_logprobs) != len(self.action_ids):
@@ -120,6 +122,8 @@ class TokenBatch:
     num_trajectories: int
     teacher_topk_ids: torch.Tensor | None = None  # [N, k] (0 off the mask)
     teacher_topk_logprobs: torch.Tensor | None = None  # [N, k] (-inf off the mask)
+    # per familiarity signal, each action token's turn value (NaN off the mask and where not scored)
+    turn_signals: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
@@ -146,6 +150,7 @@ def build_token_batch(trajectories: list[Trajectory]) -> TokenBatch:
     teacher_lp: list[float] = []
     seq_lens: list[int] = []
     topk_rows: list[tuple[int, list[int], list[float]]] = []  # (flat position, ids, logprobs)
+    signal_rows: list[tuple[int, dict[str, float]]] = []  # (flat position, its turn's signals)
     for traj_index, traj in enumerate(trajectories):
         turns = {turn.index: turn for turn in traj.turns}
         for seq in trajectory_sequences(traj):
@@ -167,6 +172,8 @@ def build_token_batch(trajectories: list[Trajectory]) -> TokenBatch:
                         teacher_lp[p] = turn.teacher_logprobs[j]
                     if turn.teacher_topk_ids is not None and turn.teacher_topk_logprobs is not None:
                         topk_rows.append((p, turn.teacher_topk_ids[j], turn.teacher_topk_logprobs[j]))
+                    if turn.teacher_signals:
+                        signal_rows.append((p, turn.teacher_signals))
             seq_lens.append(n)
     topk_ids = topk_lp = None
     if topk_rows:
@@ -176,6 +183,10 @@ def build_token_batch(trajectories: list[Trajectory]) -> TokenBatch:
         for p, row_ids, row_lp in topk_rows:
             topk_ids[p, : len(row_ids)] = torch.tensor(row_ids, dtype=torch.long)
             topk_lp[p, : len(row_lp)] = torch.tensor(row_lp, dtype=torch.float32)
+    turn_signals: dict[str, torch.Tensor] = {}
+    for p, signals in signal_rows:
+        for name, value in signals.items():
+            turn_signals.setdefault(name, torch.full((len(ids),), float("nan")))[p] = value
     return TokenBatch(
         input_ids=torch.tensor(ids, dtype=torch.long),
         loss_mask=torch.tensor(mask, dtype=torch.bool),
@@ -187,6 +198,7 @@ def build_token_batch(trajectories: list[Trajectory]) -> TokenBatch:
         num_trajectories=len(trajectories),
         teacher_topk_ids=topk_ids,
         teacher_topk_logprobs=topk_lp,
+        turn_signals=turn_signals,
     )
 
 

@@ -181,7 +181,8 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> Run:
         check_tokenizers(tokenizer, teacher.tokenizer, str(setup.student_path), setup.teacher_specs[env].name)
     in_process = ESTIMATORS.get(cfg.objective.estimator).needs_teacher_model
     trainer = Trainer(student, cfg.trainer, cfg.objective, cfg.loss, cfg.trainer.steps,
-                      teacher_model=teachers[cfg.env.name].model if in_process else None)
+                      teacher_model=teachers[cfg.env.name].model if in_process else None,
+                      familiarity_cfg=cfg.familiarity)
     policy = make_policy(cfg.policy, trainer.module, tokenizer=tokenizer, seed=cfg.seed)
     depth = make_depth_schedule(cfg.depth)
 
@@ -233,6 +234,8 @@ def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: Dept
         "loss": train["loss"], "grad_norm": train.get("grad_norm"), "lr": train.get("lr"),
         "mean_kl": train["mean_kl"], "turn_kl_profile": turn_kl_profile(train["turn_kl"]),
         "deep_turn_share": train["deep_turn_share"], "skipped": train["skipped"],
+        "turn_signal_profiles": {name: turn_kl_profile(turns) for name, turns in train["turn_signals"].items()},
+        "familiarity_kept_share": train["familiarity_kept_share"],
         "tokens_generated": sum(e.action_tokens for e in episodes), "tokens_scored": sum(e.scored_tokens for e in episodes),
         "tokens_trained": train["tokens_trained"], "env_steps": turns,
         "episodes": len(episodes), "mean_turns": turns / len(episodes),
@@ -338,6 +341,15 @@ def run_distillation(cfg: RunConfig, resume: str | None = None) -> dict[str, Any
         run.log.close()
 
 
+def teacher_policy(cfg: RunConfig, spec: TeacherSpec) -> Policy:
+    """The teacher as a policy of the recipe's backend, to play episodes itself (a LoRA teacher plays
+    with its adapter; vLLM serves it as a LoRA adapter)."""
+    if spec.adapter:
+        model, tokenizer = load_model(spec.model, spec.dtype, adapter=spec.adapter)
+        return make_policy(cfg.policy, model, tokenizer=tokenizer, dtype=spec.dtype, seed=cfg.seed)
+    return make_policy(cfg.policy, spec.model, dtype=spec.dtype, seed=cfg.seed)
+
+
 EVAL_CACHE = Path.home() / ".cache" / "turnopd" / "evals"
 
 
@@ -354,11 +366,7 @@ def evaluate_teacher(cfg: RunConfig, setup: Setup, spec: TeacherSpec, pool: EnvP
     cache = EVAL_CACHE / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
     if cache.is_file():
         return EvalResult.from_record(json.loads(cache.read_text()))
-    if spec.adapter:  # a LoRA teacher plays with its adapter (vLLM serves it as a LoRA adapter)
-        model, tokenizer = load_model(spec.model, spec.dtype, adapter=spec.adapter)
-        policy = make_policy(cfg.policy, model, tokenizer=tokenizer, dtype=spec.dtype, seed=cfg.seed)
-    else:
-        policy = make_policy(cfg.policy, spec.model, dtype=spec.dtype, seed=cfg.seed)
+    policy = teacher_policy(cfg, spec)
     try:
         result = evaluate(setup.spec, pool, policy, setup.eval_tasks, split=setup.eval_split, env_config=cfg.env,
                           policy_config=cfg.policy, k=cfg.eval.k, temperature=cfg.eval.temperature, seed=cfg.seed)

@@ -154,6 +154,14 @@ class Setup:
     teacher_specs: dict[str, TeacherSpec]
 
 
+def scoring_topk(cfg: RunConfig) -> int:
+    """How many of the teacher's top tokens to score per position: objective.topk for an estimator
+    that needs them, and familiarity.topk (the entropy of a teacher whose scores carry none), else 0
+    (the sampled token's log-prob only)."""
+    objective = cfg.objective.topk if ESTIMATORS.get(cfg.objective.estimator).needs_teacher_topk else 0
+    return max(objective, cfg.familiarity.topk)
+
+
 def check_backends(cfg: RunConfig, teacher_specs: dict[str, TeacherSpec]) -> None:
     """What the estimator needs from each teacher's backend, and vLLM where a backend runs it here."""
     est = ESTIMATORS.get(cfg.objective.estimator)
@@ -169,6 +177,15 @@ def check_backends(cfg: RunConfig, teacher_specs: dict[str, TeacherSpec]) -> Non
             raise RecipeError(f"recipe key 'objective.topk': {cfg.objective.topk} > the {spec.backend} teacher's "
                               f"max_logprobs {limit} (teacher spec {spec.source or spec.name}); lower objective.topk "
                               "or raise options.max_logprobs in the spec")
+        fam = cfg.familiarity
+        if (fam.mode != "none" and fam.signal == "action_entropy" and not est.needs_teacher_model
+                and not backend.scores_entropy and scoring_topk(cfg) == 0):
+            raise RecipeError(f"recipe key 'familiarity.topk': 0 with familiarity.signal=action_entropy; the "
+                              f"{spec.backend} teacher (spec {spec.source or spec.name}) scores no entropy, so it "
+                              "is read from its top-k: set familiarity.topk (say 20)")
+        if limit is not None and fam.topk > limit:
+            raise RecipeError(f"recipe key 'familiarity.topk': {fam.topk} > the {spec.backend} teacher's "
+                              f"max_logprobs {limit} (teacher spec {spec.source or spec.name})")
         if spec.backend == "vllm":
             require_vllm(f"teacher spec {spec.source or spec.name}: backend vllm")
     if cfg.policy.backend == "vllm":

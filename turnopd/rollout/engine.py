@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -47,11 +47,15 @@ def chat_prompt_ids(tokenizer: Any, user_message: str) -> list[int]:
 
 async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *, slot: int, episode: int,
                        env_config: EnvConfig, sampling: SamplingParams, cap: int, is_probe: bool = False,
-                       ledger: Any = None) -> Trajectory:
+                       ledger: Any = None, replay: Sequence[str] = ()) -> Trajectory:
     """One episode of `task_id` in env-pool slot `slot`, for at most min(env_config.max_turns, cap)
     turns; turn t is sampled with request_seed(sampling.seed, episode, t). Stopped by the cap (cap <
     max_turns, env not done): truncated. Waiting for generation is the ledger's "generation" busy
-    time, for the env (reset and steps) its "env" busy time."""
+    time, for the env (reset and steps) its "env" busy time.
+
+    `replay`: env actions played first, without the policy (a takeover from another episode's state):
+    they enter the prompt history but are not turns of the trajectory, whose first turn has index
+    len(replay), and the policy then plays up to min(env_config.max_turns, cap) turns of its own."""
     depth = min(env_config.max_turns, cap)
     busy = ledger.busy if ledger is not None else (lambda _: nullcontext())
     trajectory = Trajectory(task_id=task_id, env_name=spec.name, is_probe=is_probe, task_type=spec.task_type(task_id),
@@ -61,7 +65,14 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
             outcome = await pool.reset_slot(slot, task_id)
         goal = outcome.info.get("task", "")
         history: list[tuple[str, str]] = []  # (observation, action), all turns
-        for turn_index in range(depth):
+        for action_text in replay:
+            if outcome.done:
+                break
+            with busy("env"):
+                next_outcome = await pool.step_slot(slot, action_text)
+            history.append((outcome.observation, action_text))
+            outcome = next_outcome
+        for turn_index in range(len(history), len(history) + depth):
             if outcome.done:
                 break
             prompt = chat_prompt_ids(policy.tokenizer, spec.render_prompt(PromptContext(
@@ -117,7 +128,8 @@ class SlotPool:
 
 
 async def play_all(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *, env_config: EnvConfig,
-                   sampling: SamplingParams, cap: int, probes: int = 0, ledger: Any = None) -> list[Trajectory]:
+                   sampling: SamplingParams, cap: int, probes: int = 0, ledger: Any = None,
+                   replays: Sequence[Sequence[str]] | None = None) -> list[Trajectory]:
     """`rollout` inside a running event loop."""
     if not tasks:
         raise ValueError("rollout needs at least one task")
@@ -125,15 +137,17 @@ async def play_all(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *
         raise ValueError(f"rollout depth cap must be >= 1, got {cap}")
     return list(await asyncio.gather(*(
         play_episode(spec, pool, policy, task, slot=i, episode=i, env_config=env_config, sampling=sampling,
-                     cap=env_config.max_turns if i < probes else cap, is_probe=i < probes, ledger=ledger)
+                     cap=env_config.max_turns if i < probes else cap, is_probe=i < probes, ledger=ledger,
+                     replay=replays[i] if replays else ())
         for i, task in enumerate(tasks))))
 
 
 def rollout(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *, env_config: EnvConfig,
-            sampling: SamplingParams, cap: int, probes: int = 0, ledger: Any = None) -> list[Trajectory]:
+            sampling: SamplingParams, cap: int, probes: int = 0, ledger: Any = None,
+            replays: Sequence[Sequence[str]] | None = None) -> list[Trajectory]:
     """Play one episode per task id (repeat a task id for several samples of it), all at once in
     slots 0..len(tasks)-1; the first `probes` are probes, played at full depth (env_config.max_turns,
-    uncensored), the others for at most min(env_config.max_turns, cap) turns. Returns the
-    trajectories in the order of `tasks`."""
+    uncensored), the others for at most min(env_config.max_turns, cap) turns; with `replays`, episode
+    i first replays replays[i] (see play_episode). Returns the trajectories in the order of `tasks`."""
     return asyncio.run(play_all(spec, pool, policy, tasks, env_config=env_config, sampling=sampling, cap=cap,
-                                probes=probes, ledger=ledger))
+                                probes=probes, ledger=ledger, replays=replays))

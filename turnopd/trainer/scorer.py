@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from turnopd.algorithm.familiarity import entropy_from_logprobs, mask_spans, span_signals
 from turnopd.algorithm.objective import Estimator, TokenInputs, gather_logprobs
 
 
@@ -39,6 +40,29 @@ def select_predicting(hidden: torch.Tensor, input_ids: torch.Tensor, scored: tor
     (row-major order)."""
     predicting = scored[:, 1:]
     return hidden[:, :-1][predicting], input_ids[:, 1:][predicting]
+
+
+@torch.no_grad()
+def turn_signals(hidden: torch.Tensor, head: torch.Tensor, input_ids: torch.Tensor, scored: torch.Tensor,
+                 chunk_size: int = 256) -> dict[str, torch.Tensor]:
+    """The familiarity signals (turnopd.algorithm.familiarity.span_signals) of a model that ran
+    in this process, from its hidden states [rows, L, d] and head [V, d]: per scored token (row-major,
+    the order of `select_predicting`), its turn's value. The entropy is the whole distribution's."""
+    out: dict[str, list[float]] = {"context_logprob": [], "action_logprob": [], "action_entropy": []}
+    for row in range(input_ids.shape[0]):
+        spans = mask_spans(scored[row].tolist())
+        if not spans:
+            continue
+        end = spans[-1][1]
+        logprobs = [0.0, *gather_logprobs(hidden[row, : end - 1], head, input_ids[row, 1:end], chunk_size).tolist()]
+        entropies = [0.0] * end
+        for start, stop in spans:  # the entropy at action positions only: a [tokens, V] softmax each
+            logits = (hidden[row, start - 1 : stop - 1] @ head.T).float()
+            entropies[start:stop] = entropy_from_logprobs(torch.log_softmax(logits, -1)).tolist()
+        for (start, stop), signals in zip(spans, span_signals(logprobs, spans, entropies), strict=True):
+            for name, value in signals.items():
+                out[name] += [value] * (stop - start)
+    return {name: torch.tensor(values, dtype=torch.float64) for name, values in out.items()}
 
 
 class ActionScorer(nn.Module):

@@ -2,7 +2,9 @@
 
 loss = sum_p w_p * l_p over the action tokens p of the GLOBAL batch (all ranks), with l_p from the
 objective's estimator and w_p from the loss mode (normalized by the global trajectory and token
-counts). A step packs this rank's sequences into micro-batches by token count, runs forward and
+counts), scaled by each turn's teacher familiarity under `familiarity.mode` weight or gate
+(turnopd.algorithm.familiarity; the signals come with the batch, or from the teacher's forward here
+when it runs in this process, which then runs before the student's so the weights are known). A step packs this rank's sequences into micro-batches by token count, runs forward and
 backward on each (gradients accumulate; the last backward is the accumulation boundary), then takes
 one optimizer step. Every rank runs the same number of micro-batches (padding ones contribute zero
 loss), since each backward may join collectives.
@@ -22,14 +24,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from turnopd.algorithm.familiarity import familiarity_factors, reweight
 from turnopd.algorithm.objective import (
     ESTIMATORS,
     TokenInputs,
     is_deep_turn,
-    per_trajectory_turn_kl,
+    per_trajectory_turn_means,
     token_weights,
 )
-from turnopd.config import LossConfig, ObjectiveConfig, TrainerConfig
+from turnopd.config import FamiliarityConfig, LossConfig, ObjectiveConfig, TrainerConfig
 from turnopd.core.distributed import gather_objects
 from turnopd.core.types import TokenBatch
 from turnopd.engines.hf_models import resolve_dtype
@@ -37,7 +40,7 @@ from turnopd.engines.lora import is_adapter_model
 from turnopd.trainer.engine import deepspeed_config, init_process_group
 from turnopd.trainer.packing import MicroBatch, build_micro_batch, pack_by_tokens, padding_micro_batch
 from turnopd.trainer.schedule import lr_factor
-from turnopd.trainer.scorer import ActionScorer, check_causal_lm, select_predicting
+from turnopd.trainer.scorer import ActionScorer, check_causal_lm, select_predicting, turn_signals
 
 CHECKPOINT_TAG = "state"  # DeepSpeed's sub-folder of `<dir>/deepspeed` holding optimizer and scheduler
 
@@ -56,13 +59,15 @@ class ActionTokens:
     teacher_logprobs: torch.Tensor
     topk_ids: torch.Tensor | None
     topk_logprobs: torch.Tensor | None
+    signals: dict[str, torch.Tensor]  # familiarity signal -> each token's turn value
 
     @classmethod
     def of(cls, batch: TokenBatch) -> ActionTokens:
         m = batch.loss_mask
         topk = batch.teacher_topk_ids is not None and batch.teacher_topk_logprobs is not None
         return cls(batch.traj_ids[m], batch.turn_ids[m], batch.old_logprobs[m], batch.teacher_logprobs[m],
-                   batch.teacher_topk_ids[m] if topk else None, batch.teacher_topk_logprobs[m] if topk else None)
+                   batch.teacher_topk_ids[m] if topk else None, batch.teacher_topk_logprobs[m] if topk else None,
+                   {name: values[m].double() for name, values in batch.turn_signals.items()})
 
     @property
     def count(self) -> int:
@@ -104,7 +109,7 @@ def keep_trainable(module: nn.Module, state: dict[str, Any], prefix: str, local_
 class Trainer:
     """A DeepSpeed engine around an HF causal LM student, minimizing the OPD loss.
 
-    Trainer(model, trainer_cfg, objective_cfg, loss_cfg, total_steps, teacher_model=None)
+    Trainer(model, trainer_cfg, objective_cfg, loss_cfg, total_steps, teacher_model=None, familiarity_cfg=None)
     step(batch, alpha) -> metrics      one optimizer step on this rank's share of the batch
     module                              the HF model (trained in place)
     save(dir) / load(dir)               HF weights + optimizer + scheduler + step counter; call on
@@ -112,11 +117,13 @@ class Trainer:
     """
 
     def __init__(self, model: nn.Module, trainer_cfg: TrainerConfig, objective_cfg: ObjectiveConfig,
-                 loss_cfg: LossConfig, total_steps: int, teacher_model: nn.Module | None = None):
+                 loss_cfg: LossConfig, total_steps: int, teacher_model: nn.Module | None = None,
+                 familiarity_cfg: FamiliarityConfig | None = None):
         init_process_group()  # before importing deepspeed: it picks the accelerator on import
         import deepspeed
 
         self.cfg, self.objective, self.loss_cfg = trainer_cfg, objective_cfg, loss_cfg
+        self.familiarity = familiarity_cfg or FamiliarityConfig()
         if total_steps < 1:
             raise ValueError(f"total_steps must be >= 1, got {total_steps}")
         check_causal_lm(model, "student")
@@ -195,9 +202,11 @@ class Trainer:
                                                               len(micro_batches))
         if num_action == 0:
             raise ValueError("the batch has no action tokens to train on (on any rank)")
+        teacher_hidden = [self._teacher_pass(mb, tokens) for mb in micro_batches] if self.teacher is not None else []
         weights = (token_weights(tokens.traj_ids, tokens.turn_ids, self.loss_cfg.mode, alpha,
                                  self.loss_cfg.constant_k, num_trajectories=num_traj, num_tokens=num_action)
                    if tokens.count else torch.zeros(0))
+        weights, kept_share = self._familiarity_weights(weights, tokens)
         tally = StepTally.for_tokens(tokens.count)
         for i in range(num_micro):
             last = i == num_micro - 1
@@ -206,7 +215,7 @@ class Trainer:
             if mb.num_tokens == 0:  # padding micro-batch: a zero loss through every trained parameter
                 loss = self._padding_loss(mb)
             else:
-                per_token, kl = self._token_losses(mb, tokens)
+                per_token, kl = self._token_losses(mb, tokens, teacher_hidden[i] if teacher_hidden else None)
                 loss = (weights[mb.action_index].to(per_token) * per_token).sum()
                 tally.token_loss[mb.action_index] = per_token.detach().double().cpu()
                 tally.token_kl[mb.action_index] = kl.detach().double().cpu()
@@ -225,7 +234,7 @@ class Trainer:
         self.steps_taken += 1
         self.bad_streak = 0 if applied else self.bad_streak + 1
         metrics = {**self._metrics(tokens, weights, tally, num_action, batch.num_trajectories), "grad_norm": grad_norm, "lr": lr,
-                   "num_micro_batches": num_micro, "skipped": not applied}
+                   "num_micro_batches": num_micro, "skipped": not applied, "familiarity_kept_share": kept_share}
         if self.bad_streak >= self.cfg.max_bad_steps:
             raise TrainingDiverged(
                 f"{self.bad_streak} optimizer steps in a row had a NaN/inf loss or gradient and were skipped "
@@ -250,10 +259,40 @@ class Trainer:
         groups = pack_by_tokens([int(batch.seq_lens[i]) for i in trained], self.cfg.micro_batch_tokens)
         return [build_micro_batch(batch, [trained[j] for j in group]) for group in groups]
 
-    def _token_losses(self, mb: MicroBatch, tokens: ActionTokens) -> tuple[torch.Tensor, torch.Tensor]:
+    @torch.no_grad()
+    def _teacher_pass(self, mb: MicroBatch, tokens: ActionTokens) -> torch.Tensor:
+        """The in-process teacher's forward on a micro-batch: its hidden states at the positions that
+        predict action tokens (the full estimator's input), and the turns' familiarity signals
+        written into `tokens.signals` (the same forward: no second pass)."""
+        ids, scored = mb.input_ids.to(self.device), mb.scored.to(self.device)
+        hidden = self.teacher.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state
+        for name, values in turn_signals(hidden, self.teacher.get_output_embeddings().weight, ids, scored,
+                                         self.objective.chunk_size).items():
+            tokens.signals.setdefault(name, torch.full((tokens.count,), float("nan"), dtype=torch.float64))[
+                mb.action_index] = values
+        return select_predicting(hidden, ids, scored)[0]
+
+    def _familiarity_weights(self, weights: torch.Tensor, tokens: ActionTokens) -> tuple[torch.Tensor, float | None]:
+        """The loss mode's weights scaled by familiarity (w' = w g W / W', sums over all ranks), and the
+        share W' / W of the weight the familiar turns kept (None with familiarity.mode none)."""
+        fam = self.familiarity
+        if fam.mode == "none":
+            return weights, None
+        values = tokens.signals.get(fam.signal)
+        if values is None and tokens.count:
+            raise ValueError(f"familiarity.signal={fam.signal} is not in the batch: the teacher scored no "
+                             f"{fam.signal} (action_entropy from a vllm teacher needs familiarity.topk)")
+        factors = (familiarity_factors(values, fam.mode, fam.signal, fam.threshold, fam.temperature)
+                   if tokens.count else torch.zeros(0))
+        before, after = self._sum_over_ranks([float(weights.double().sum()), float((weights.double() * factors).sum())])
+        return reweight(weights, factors, before, after), after / before if before > 0 else 0.0
+
+    def _token_losses(self, mb: MicroBatch, tokens: ActionTokens, teacher_hidden: torch.Tensor | None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token loss l_p (with grad) and per-token KL (for the metrics) of the micro-batch's action
-        tokens, in `mb.action_index` order: the estimator's inputs from the batch (and from the
-        teacher's forward when it runs here), the student's side from the engine's forward."""
+        tokens, in `mb.action_index` order: the estimator's inputs from the batch (and the teacher's
+        hidden states, from `_teacher_pass`, when it runs here), the student's side from the engine's
+        forward."""
         idx, device = mb.action_index, self.device
         ids, scored = mb.input_ids.to(device), mb.scored.to(device)
         inputs = TokenInputs(sampling=tokens.old_logprobs[idx].to(device), teacher=tokens.teacher_logprobs[idx].to(device))
@@ -261,9 +300,6 @@ class Trainer:
             inputs = dataclasses.replace(inputs, teacher_topk_ids=tokens.topk_ids[idx].to(device),
                                          teacher_topk=tokens.topk_logprobs[idx].to(device))
         if self.estimator.needs_teacher_model:
-            with torch.no_grad():
-                hidden = self.teacher.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state
-                teacher_hidden, _ = select_predicting(hidden, ids, scored)
             inputs = dataclasses.replace(inputs, teacher_hidden=teacher_hidden,
                                          teacher_head=self.teacher.get_output_embeddings().weight)
         out = self.engine(ids, scored, self.estimator, self.objective, inputs)
@@ -300,13 +336,18 @@ class Trainer:
         loss, kl_sum, deep_mass, total_mass, pad_tokens, real_tokens = self._sum_over_ranks(
             [tally.loss, float(tally.token_kl.sum()), float(mass[deep].sum()), float(mass.sum()),
              float(tally.padding), float(tally.tokens)])
-        local_turn_kl = per_trajectory_turn_kl(tally.token_kl, tokens.traj_ids, tokens.turn_ids, num_trajectories)
+        local_turn_kl = per_trajectory_turn_means(tally.token_kl, tokens.traj_ids, tokens.turn_ids, num_trajectories)
+        local_signals = {name: per_trajectory_turn_means(values, tokens.traj_ids, tokens.turn_ids, num_trajectories)
+                         for name, values in sorted(tokens.signals.items())}
         return {
             "loss": loss,
             "mean_kl": kl_sum / num_action,
             "deep_turn_share": deep_mass / total_mass if total_mass > 0 else 0.0,
             # per trajectory of the batch, rank-major as gather_objects orders the ranks' trajectories
             "turn_kl": [kls for part in gather_objects(local_turn_kl) for kls in part],
+            # per familiarity signal the teacher scored, the same layout: each trajectory's turn values
+            "turn_signals": {name: [turns for part in gather_objects(per_traj) for turns in part]
+                             for name, per_traj in local_signals.items()},
             "tokens_trained": int(real_tokens),  # prompt + action tokens run through the student (no padding)
             "action_tokens": num_action,
             "padding_share": pad_tokens / (pad_tokens + real_tokens),

@@ -17,6 +17,7 @@ from turnopd.config import RunConfig
 from turnopd.core.distributed import rank_and_world
 from turnopd.core.ledger import Ledger
 from turnopd.core.types import Trajectory
+from turnopd.orchestration.preflight import scoring_topk
 from turnopd.rollout import Policy, SamplingParams
 from turnopd.rollout.engine import rollout
 
@@ -96,12 +97,6 @@ def wave_episodes(cfg: RunConfig, train_tasks: list[str], start_step: int, wave:
     tasks = sample_tasks(train_tasks, n, cfg.seed, wave, salt)[rank::world]
     seed = int(np.random.default_rng([cfg.seed, wave, salt]).integers(2**31))
     return Episodes(tasks, dataclasses.replace(step_sampling(cfg, wave), seed=seed))
-
-
-def scoring_topk(cfg: RunConfig) -> int:
-    """How many of the teacher's top tokens to score per position: objective.topk for an estimator
-    that needs them, else 0 (the sampled token's log-prob only)."""
-    return cfg.objective.topk if ESTIMATORS.get(cfg.objective.estimator).needs_teacher_topk else 0
 
 
 def score(cfg: RunConfig, teachers: dict[str, Teacher], trajectories: list[Trajectory]) -> None:

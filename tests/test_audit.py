@@ -1,0 +1,83 @@
+"""The teacher audit: its figures on hand-worked examples, and `turnopd teacher audit` end to end on
+real ALFWorld games with tiny models."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from tests.conftest import loop_models
+from turnopd.analysis.audit import auc, bootstrap_auc, oriented, roc_curve, sample_states, wilson_interval
+from turnopd.cli import main
+
+
+def test_auc_by_hand_with_ties_and_strata():
+    # positives 0.9, 0.5; negatives 0.5, 0.1: pairs (0.9>0.5) (0.9>0.1) (0.5=0.5: 1/2) (0.5>0.1) -> 3.5 / 4
+    assert auc([0.9, 0.5, 0.5, 0.1], [True, True, False, False]) == 0.875
+    assert auc([1.0, 2.0], [True, True]) is None
+    # within strata: stratum 0 has (0.9 vs 0.1) won, stratum 1 has (0.2 vs 0.8) lost: 1 / 2, while
+    # pooled the pairs across strata count too: (0.9>0.1)(0.9>0.8)(0.2>0.1)(0.2<0.8) -> 3 / 4
+    scores, labels, strata = [0.9, 0.1, 0.2, 0.8], [True, False, True, False], [0, 0, 1, 1]
+    assert auc(scores, labels, strata) == 0.5
+    assert auc(scores, labels) == 0.75
+    assert oriented(0.3, higher_is_familiar=False) == -0.3
+
+
+def test_bootstrap_interval_brackets_the_auc_and_shrinks_with_states():
+    rng = np.random.default_rng(0)
+    scores = rng.normal(size=400)
+    labels = (scores + rng.normal(size=400)) > 0
+    small = bootstrap_auc(scores[:40].tolist(), labels[:40].tolist(), np.random.default_rng(1))
+    large = bootstrap_auc(scores.tolist(), labels.tolist(), np.random.default_rng(1))
+    assert large[0] < auc(scores.tolist(), labels.tolist()) < large[1]
+    assert large[1] - large[0] < small[1] - small[0]
+    assert bootstrap_auc([1.0, 2.0], [True, True], np.random.default_rng(0)) is None
+
+
+def test_wilson_interval_by_hand():
+    # 8 of 10, z = 1.96: centre (0.8 + 0.19208) / 1.38416, half 1.96 sqrt(0.016 + 0.009604) / 1.38416
+    low, high = wilson_interval(8, 10)
+    assert low == pytest.approx((0.99208 - 1.96 * math.sqrt(0.025604)) / 1.38416, abs=1e-4)
+    assert high == pytest.approx((0.99208 + 1.96 * math.sqrt(0.025604)) / 1.38416, abs=1e-4)
+    assert wilson_interval(0, 5)[0] == pytest.approx(0.0, abs=1e-12) and wilson_interval(0, 0) is None
+
+
+def test_roc_curve_and_state_sampling_by_hand():
+    fpr, tpr = roc_curve([0.9, 0.5, 0.5, 0.1], [True, True, False, False])
+    assert (fpr, tpr) == ([0.0, 0.0, 0.5, 1.0], [0.0, 0.5, 1.0, 1.0])
+    # depths 3 and 1, bands of 2 turns: band 0 holds (0,0) (0,1) (1,0), band 1 holds (0,2)
+    states = sample_states([3, 1], band_width=2, per_band=2, seed=0)
+    assert len(states) == 3 and (0, 2) in states
+    assert sum(turn < 2 for _, turn in states) == 2
+    assert sample_states([3, 1], 2, 2, seed=0) == states  # a pure function of the seed
+    assert sample_states([3, 1], 2, 10, seed=5) == [(0, 0), (0, 1), (0, 2), (1, 0)]
+
+
+AUDIT_RECIPE = """
+name: audit
+depth: {{h_max: 3}}
+"""
+
+
+@pytest.mark.slow
+def test_the_audit_command_takes_over_from_replayed_states(tmp_path, tiny_model_dir, capsys):
+    recipe = loop_models(tmp_path, tiny_model_dir, AUDIT_RECIPE) / "recipe.yaml"
+    assert main(["teacher", "audit", str(recipe), "--episodes", "3", "--per-band", "2", "--band-width", "1",
+                 "policy.temperature=1.0"]) == 0
+    out = capsys.readouterr().out
+    assert "Takeover success from student states" in out and "AUC within bands" in out
+    report = json.loads((tmp_path / "runs" / "audit-audit" / "audit.json").read_text())
+    assert (tmp_path / "runs" / "audit-audit" / "audit.png").stat().st_size > 10_000
+    assert report["diverged"] == 0  # ALFWorld replays the student's actions to the same observation
+    assert [b["band"] for b in report["bands"]] == [0, 1, 2] and all(b["states"] <= 2 for b in report["bands"])
+    assert sorted(report["signals"]) == ["action_entropy", "action_logprob", "context_logprob"]
+    for state in report["states"]:
+        assert state["turn"] == state["band"]
+        assert 1 <= state["takeover_turns"] <= 3  # env.max_turns turns of its own
+    for band in report["bands"]:
+        won = [s["won"] for s in report["states"] if s["band"] == band["band"]]
+        assert band["takeover"]["rate"] == sum(won) / len(won)
+    assert main(["teacher", "audit", str(recipe), "--student", str(tmp_path / "nope")]) == 2
