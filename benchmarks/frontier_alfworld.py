@@ -16,8 +16,11 @@ final sampled Avg@4 at the rollouts' temperature):
   vanilla_opd, turnopd, turnopd_continuous.
 - familiarity: headroom's settings; turnopd against turnopd with a familiarity weight and gate on
   the teacher's action entropy (recipes/methods/turnopd_familiarity_*.yaml, turnopd.algorithm.familiarity).
+- relabelled_teacher: headroom's settings, turnopd from the SFT teacher (sweep expert_teacher) and
+  from the teacher made familiar with the student's states (sweep relabelled_teacher:
+  recipes/alfworld/teacher_dagger.yaml, built on first use), same seeds, then one frontier of both.
 
-Each regime is `turnopd sweep` (turnopd.orchestration.sweep: seed 0 of every arm, then seed 1, ...;
+Each regime is one `turnopd sweep` or more (turnopd.orchestration.sweep: seed 0 of every arm, then seed 1, ...;
 a run's line gives the sweep's elapsed time and ETA; a sweep started again skips complete runs and
 resumes an interrupted one from its last checkpoint), then `turnopd frontier` on its runs. The runs
 the README reports are copied (metrics and configs) into benchmarks/results/frontier_alfworld/<regime>/
@@ -37,13 +40,16 @@ from turnopd.orchestration.sweep import run_state
 
 COMMON = ["eval.every=8", "eval.final_k=4", "eval.temperature=0.5", "eval.teacher=true", "checkpoint.every=8",
           "tracking=[]"]
+# regime: its sweeps, each (sweep name, methods, overrides); runs are named <sweep>-<method>-s<seed>
 REGIMES = {
-    "headroom": ("vanilla_opd,turnopd,fixed_cap,tcod,turnopd_continuous", []),
-    "familiarity": ("turnopd,turnopd_familiarity_weight,turnopd_familiarity_gate", []),
-    "paper": ("vanilla_opd,turnopd,turnopd_continuous", [
+    "headroom": [("headroom", "vanilla_opd,turnopd,fixed_cap,tcod,turnopd_continuous", [])],
+    "familiarity": [("familiarity", "turnopd,turnopd_familiarity_weight,turnopd_familiarity_gate", [])],
+    "relabelled_teacher": [("expert_teacher", "turnopd", []),
+                           ("relabelled_teacher", "turnopd", ["teachers.alfworld=teachers/alfworld/teacher_dagger.yaml"])],
+    "paper": [("paper", "vanilla_opd,turnopd,turnopd_continuous", [
         "student.path=~/.cache/turnopd/models/alfworld-student-sft350",
         "student.prepare_options.overrides=[trainer.steps=350]", "env.max_turns=50", "depth.h_max=50",
-        "trainer.steps=32", "trainer.episodes_per_step=16"]),
+        "trainer.steps=32", "trainer.episodes_per_step=16"])],
 }
 
 
@@ -69,13 +75,22 @@ def main() -> int:
     args = p.parse_args()
     start, code = time.perf_counter(), 0
     for regime in args.regimes.split(","):
-        methods, overrides = REGIMES[regime]
-        command = [sys.executable, "-m", "turnopd.cli", "sweep", "recipes/quickstart.yaml", "--methods", methods,
-                   "--seeds", str(args.seeds), "--name", regime, "--out-dir", f"{args.out_dir}/{regime}", "--md",
-                   "--out", f"{args.out_dir}/{regime}/frontier.png", *COMMON, *overrides, *args.overrides]
-        print(f"== regime {regime}\n$ " + " ".join(command), flush=True)
-        code = subprocess.call(command) or code
-        save_runs(Path(args.out_dir) / regime, Path(args.save_to) / regime)
+        out_dir = f"{args.out_dir}/{regime}"
+        for sweep, methods, overrides in REGIMES[regime]:
+            plot = "frontier.png" if len(REGIMES[regime]) == 1 else f"{sweep}-frontier.png"
+            command = [sys.executable, "-m", "turnopd.cli", "sweep", "recipes/quickstart.yaml", "--methods", methods,
+                       "--seeds", str(args.seeds), "--name", sweep, "--out-dir", out_dir, "--md",
+                       "--out", f"{out_dir}/{plot}", *COMMON, *overrides, *args.overrides]
+            print(f"== regime {regime}, sweep {sweep}\n$ " + " ".join(command), flush=True)
+            code = subprocess.call(command) or code
+        if len(REGIMES[regime]) > 1:  # the sweeps' runs side by side, against the first sweep's first method
+            baseline = REGIMES[regime][0][1].split(",")[0]
+            command = [sys.executable, "-m", "turnopd.cli", "frontier", *sorted(str(p.parent) for p in
+                       Path(out_dir).glob("*/metrics.jsonl")), "--md", "--baseline", baseline,
+                       "--out", f"{out_dir}/frontier.png"]
+            print(f"== regime {regime}: all its runs\n$ " + " ".join(command), flush=True)
+            code = subprocess.call(command) or code
+        save_runs(Path(out_dir), Path(args.save_to) / regime)
     print(f"experiment finished in {(time.perf_counter() - start) / 60:.1f} min (exit {code})")
     return code
 

@@ -56,6 +56,18 @@ class Expert(Protocol):
     def act(self, outcome: StepOutcome) -> str: ...
 
 
+@runtime_checkable
+class RelabellingExpert(Expert, Protocol):
+    """An expert that can act from states another player reached (DAgger relabelling): `label` is
+    its own choice after `outcome` (no exploring mistakes), `follow` tells it which command was
+    played instead, so that what it tracks of the episode stays true. An expert that replays a fixed
+    plan cannot do this and does not implement it."""
+
+    def label(self, outcome: StepOutcome) -> str: ...
+
+    def follow(self, command: str) -> None: ...
+
+
 @dataclass
 class PromptContext:
     """Everything a prompt template may show at one turn."""

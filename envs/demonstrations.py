@@ -1,7 +1,8 @@
 """Expert demonstrations: the env's expert plays tasks through the env pool, cached on disk.
 
 Used to build a tiny model's tokenizer from the env's own text (turnopd.models.env_text) and to
-fine-tune teachers (turnopd sft). Episodes are cached as JSON lines under ~/.cache/turnopd/demos,
+fine-tune teachers (turnopd sft). `relabel_episodes` makes DAgger-style data instead: another
+player's (a student's) episodes replayed, each state labelled with the expert's command there. Episodes are cached as JSON lines under ~/.cache/turnopd/demos,
 keyed by env, split, max_turns, env options (the expert is one of them) and the env spec's
 observation_version, so reruns and other prompt settings reuse them.
 """
@@ -16,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from envs.base import EnvSpec, PromptContext, split_tasks
+from envs.base import EnvSpec, PromptContext, RelabellingExpert, split_tasks
 from envs.pool import EnvPool
 from turnopd.config import EnvConfig
 from turnopd.core.progress import progress_bar
@@ -28,10 +29,16 @@ DEMOS_DIR = Path.home() / ".cache" / "turnopd" / "demos"
 
 @dataclass
 class DemoStep:
-    observation: str  # what the expert saw before acting
+    observation: str  # what the player saw before acting
     admissible: list[str] | None
-    action: str
-    imitate: bool = True  # False: an exploring expert's deliberate mistake, played but not trained on
+    action: str  # the command played
+    imitate: bool = True  # False: not trained on (an exploring expert's mistake, a state the expert cannot act from)
+    label: str | None = None  # a relabelled state: the expert's command there (another player played `action`)
+
+    @property
+    def target(self) -> str:
+        """The command to imitate at this state."""
+        return self.action if self.label is None else self.label
 
 
 @dataclass
@@ -41,6 +48,7 @@ class Demonstration:
     task: str  # the goal text
     won: bool
     steps: list[DemoStep]
+    relabelled: bool = False  # another player's episode, every state labelled by the expert (relabel_episodes)
 
     @classmethod
     def from_json(cls, line: str) -> Demonstration:
@@ -80,9 +88,14 @@ def demo_cache_path(env_config: EnvConfig, split: str, observation_version: str)
     return DEMOS_DIR / env_config.name / f"{split}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.jsonl"
 
 
-def play_experts(spec: EnvSpec, pool: Any, tasks: list[str], max_turns: int) -> Iterator[Demonstration]:
+def play_experts(spec: EnvSpec, pool: Any, tasks: list[str], max_turns: int,
+                 followed: list[list[str]] | None = None) -> Iterator[Demonstration]:
     """The expert of each task plays it through the pool (a batch of pool.num_workers * 4 episodes at
-    a time); yields each batch's episodes when they end. Episodes the env failed are left out."""
+    a time); yields each batch's episodes when they end. Episodes the env failed are left out.
+
+    `followed` (DAgger relabelling): per task, the commands another player took; they are played
+    instead of the expert's, which only labels each state they reach (envs.base.RelabellingExpert).
+    A label the env does not admit there is kept but not imitated."""
     batch = pool.num_workers * 4
     for start in range(0, len(tasks), batch):
         chunk = tasks[start:start + batch]
@@ -90,19 +103,51 @@ def play_experts(spec: EnvSpec, pool: Any, tasks: list[str], max_turns: int) -> 
         experts = {slot: spec.expert(task) for slot, task in enumerate(chunk)}
         goals = {slot: outcome.info.get("task", "") for slot, outcome in outcomes.items()}
         steps: dict[int, list[DemoStep]] = {slot: [] for slot in outcomes}
-        live = [slot for slot, outcome in outcomes.items() if not outcome.done]
-        for _ in range(max_turns):
+        depth = {slot: max_turns if followed is None else min(max_turns, len(followed[start + slot]))
+                 for slot in outcomes}
+        live = [slot for slot, outcome in outcomes.items() if not outcome.done and depth[slot]]
+        for turn in range(max_turns):
             if not live:
                 break
-            actions = {slot: experts[slot].act(outcomes[slot]) for slot in live}
-            for slot, action in actions.items():
-                imitate = not getattr(experts[slot], "exploring", False)
-                steps[slot].append(DemoStep(outcomes[slot].observation, outcomes[slot].admissible, action, imitate))
+            actions = {}
+            for slot in live:
+                outcome, expert = outcomes[slot], experts[slot]
+                if followed is None:
+                    actions[slot] = expert.act(outcome)
+                    step = DemoStep(outcome.observation, outcome.admissible, actions[slot],
+                                    imitate=not getattr(expert, "exploring", False))
+                else:
+                    label, actions[slot] = expert.label(outcome), followed[start + slot][turn]
+                    expert.follow(actions[slot])
+                    step = DemoStep(outcome.observation, outcome.admissible, actions[slot], label=label,
+                                    imitate=outcome.admissible is None or label in outcome.admissible)
+                steps[slot].append(step)
             outcomes.update(pool.step(actions))
-            live = [slot for slot in live if not outcomes[slot].done]
+            live = [slot for slot in live if not outcomes[slot].done and turn + 1 < depth[slot]]
         for slot, task in enumerate(chunk):
             if "env_error" not in outcomes[slot].info:
-                yield Demonstration(task, spec.task_type(task), goals[slot], bool(outcomes[slot].won), steps[slot])
+                yield Demonstration(task, spec.task_type(task), goals[slot], bool(outcomes[slot].won), steps[slot],
+                                    relabelled=followed is not None)
+
+
+def require_relabelling_expert(spec: EnvSpec, task: str) -> None:
+    """Raise ValueError unless the env's expert (as its env options select it) can relabel states."""
+    expert = spec.expert(task)
+    if not isinstance(expert, RelabellingExpert):
+        raise ValueError(f"the {spec.name} expert ({type(expert).__name__}) cannot act from states another player "
+                         "reached (it has no label/follow), so they cannot be relabelled; ALFWorld's explorer "
+                         "expert (env.options.expert: explorer) can")
+
+
+def relabel_episodes(spec: EnvSpec, env_config: EnvConfig, episodes: list[tuple[str, list[str]]]) -> list[Demonstration]:
+    """DAgger-style data: each (task, commands another player took) replayed in the env, every state
+    it reached labelled by the env's expert (play_experts with `followed`). The env's expert must be
+    a RelabellingExpert."""
+    if episodes:
+        require_relabelling_expert(spec, episodes[0][0])
+    with EnvPool.for_config(spec, env_config) as pool:
+        return list(play_experts(spec, pool, [task for task, _ in episodes], env_config.max_turns,
+                                 followed=[list(commands) for _, commands in episodes]))
 
 
 def collect_demonstrations(spec: EnvSpec, env_config: EnvConfig, split: str, episodes: int,

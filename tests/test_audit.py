@@ -9,9 +9,21 @@ import math
 import numpy as np
 import pytest
 
+from envs import make_env_spec
 from tests.conftest import loop_models
-from turnopd.analysis.audit import auc, bootstrap_auc, oriented, roc_curve, sample_states, wilson_interval
+from turnopd.analysis.audit import (
+    AuditMismatch,
+    auc,
+    bootstrap_auc,
+    compare_audits,
+    oriented,
+    paired_difference,
+    roc_curve,
+    sample_states,
+    wilson_interval,
+)
 from turnopd.cli import main
+from turnopd.orchestration.recipe import load_recipe
 
 
 def test_auc_by_hand_with_ties_and_strata():
@@ -62,6 +74,37 @@ depth: {{h_max: 3}}
 """
 
 
+def test_paired_difference_by_hand():
+    rng = np.random.default_rng(0)
+    # episode 0: two states the second teacher wins and the first does not; episode 1: the reverse once
+    row = paired_difference([0, 0, 1, 1], [1, 1, -1, 0], rng, resamples=4000)
+    assert row["difference"] == pytest.approx(0.25) and (row["states"], row["episodes"]) == (4, 2)
+    assert (row["only_first"], row["only_second"]) == (1, 2)
+    # by episode, a resample is episode 0 twice (+1), episode 1 twice (-1/2) or one of each (+1/4):
+    # probabilities 1/4, 1/4, 1/2, so the 2.5% and 97.5% percentiles are -1/2 and +1
+    assert row["by_episode"] == pytest.approx((-0.5, 1.0))
+    lo, hi = row["by_state"]
+    assert -0.5 <= lo < 0.25 < hi <= 1.0
+    same = paired_difference([0, 1, 2], [1, 1, 1], rng)
+    assert same["by_state"] == same["by_episode"] == (1.0, 1.0)
+
+
+def _report(teacher, wins):
+    return {"teacher": teacher, "states": [{"episode": e, "turn": t, "task_id": f"g{e}", "student_won": False, "won": w}
+                                           for (e, t), w in wins.items()]}
+
+
+def test_compare_audits_pairs_the_states_and_bands_them():
+    first = _report("a", {(0, 1): False, (0, 25): False, (1, 3): True, (1, 30): False})
+    second = _report("b", {(0, 1): True, (0, 25): True, (1, 3): True, (1, 30): False})
+    rows = compare_audits(first, second, band_width=20)
+    assert [r["turns"] for r in rows] == ["all", "1-20", "21-40"]
+    assert [(r["first"], r["second"], r["difference"], r["states"]) for r in rows] == [
+        (0.25, 0.75, 0.5, 4), (0.5, 1.0, 0.5, 2), (0.0, 0.5, 0.5, 2)]
+    with pytest.raises(AuditMismatch, match="different states \\(a: 4, b: 3, 3 shared\\)"):
+        compare_audits(first, _report("b", {(0, 1): True, (0, 25): True, (1, 3): True}), band_width=20)
+
+
 @pytest.mark.slow
 def test_the_audit_command_takes_over_from_replayed_states(tmp_path, tiny_model_dir, capsys):
     recipe = loop_models(tmp_path, tiny_model_dir, AUDIT_RECIPE) / "recipe.yaml"
@@ -81,3 +124,20 @@ def test_the_audit_command_takes_over_from_replayed_states(tmp_path, tiny_model_
         won = [s["won"] for s in report["states"] if s["band"] == band["band"]]
         assert band["takeover"]["rate"] == sum(won) / len(won)
     assert main(["teacher", "audit", str(recipe), "--student", str(tmp_path / "nope")]) == 2
+    # --held-out: the student's episodes, and so the states, come from the recipe's eval tasks
+    assert main(["teacher", "audit", str(recipe), "--episodes", "2", "--per-band", "1", "--band-width", "1",
+                 "--held-out", "policy.temperature=1.0"]) == 0
+    held_out = json.loads((tmp_path / "runs" / "audit-audit" / "audit.json").read_text())
+    spec = make_env_spec(load_recipe(recipe).env)
+    assert held_out["split"] == "valid_seen" and report["split"] == "train"
+    assert held_out["states"] and {s["task_id"] for s in held_out["states"]} <= set(spec.tasks("valid_seen"))
+    assert {s["task_id"] for s in report["states"]} <= set(spec.tasks("train"))
+    # turnopd teacher compare: an audit against itself differs by nothing; audits of other states are refused
+    path = tmp_path / "runs" / "audit-audit" / "audit.json"
+    capsys.readouterr()
+    assert main(["teacher", "compare", str(path), str(path), "--band-width", "1"]) == 0
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()[2:]]
+    assert rows[0][0] == "all" and all(row[7] == "+0.0" and row[8] == row[9] == "[0.0, 0.0]" for row in rows)
+    (tmp_path / "train.json").write_text(json.dumps(report))
+    assert main(["teacher", "compare", str(tmp_path / "train.json"), str(path)]) == 2
+    assert "took over from different states" in capsys.readouterr().err

@@ -20,8 +20,8 @@ from turnopd.orchestration.sft import SFTConfig, load_sft_recipe
 REPO = Path(__file__).resolve().parents[1]
 RECIPES_DIR = REPO / "recipes"
 RECIPES = sorted(p for p in RECIPES_DIR.rglob("*.yaml") if p.relative_to(RECIPES_DIR).parts[0] != "methods")
-SFT_RECIPES = [p for p in RECIPES if p.name == "teacher_sft.yaml"]
-DISTILL_RECIPES = [p for p in RECIPES if p.name != "teacher_sft.yaml"]
+SFT_RECIPES = [p for p in RECIPES if p.name.startswith("teacher_")]  # teacher_sft.yaml, teacher_dagger.yaml
+DISTILL_RECIPES = [p for p in RECIPES if not p.name.startswith("teacher_")]
 HAS_SFT_RECIPE = "sft_recipe" in {f.name for f in dataclasses.fields(TeacherSpec)}
 
 
@@ -80,7 +80,7 @@ def test_show_composes_and_validates(recipe, capsys):
 def test_sft_recipes_validate_with_the_sft_loader(recipe, capsys):
     cfg = load_sft_recipe(str(recipe))
     assert isinstance(cfg, SFTConfig)
-    assert cfg.output_dir == f"runs/teachers/{cfg.env.name}"
+    assert cfg.output_dir.startswith(f"runs/teachers/{cfg.env.name}")
     assert main(["sft", str(recipe), "--dry-run"]) == 0, capsys.readouterr().err
 
 
@@ -160,6 +160,21 @@ def test_lora_recipes_train_an_adapter_under_zero_0_to_2(recipe):
     assert cfg.trainer.zero_stage <= 2 and cfg.policy.backend == full.policy.backend
     assert cfg.trainer.lr == pytest.approx(10 * full.trainer.lr)
     assert dataclasses.replace(cfg, name=full.name, student=full.student, trainer=full.trainer) == full
+
+
+def test_the_dagger_teacher_relabels_the_quickstarts_student_on_its_task_type():
+    dagger = load_sft_recipe(str(RECIPES_DIR / "alfworld" / "teacher_dagger.yaml"))
+    sft = load_sft_recipe(str(RECIPES_DIR / "alfworld" / "teacher_sft.yaml"))
+    quickstart = load_recipe(RECIPES_DIR / "quickstart.yaml")
+    assert dagger.relabel.student is not None
+    assert dataclasses.asdict(dagger.relabel.student) == {
+        k: v for k, v in dataclasses.asdict(quickstart.student).items() if k != "lora"}
+    assert dagger.relabel.temperature == quickstart.policy.temperature
+    assert dagger.relabel.task_types is None or dagger.relabel.task_types == quickstart.env.task_types
+    # everything else is the teacher's recipe: same model, demonstrations and training
+    assert dataclasses.replace(dagger, name=sft.name, relabel=sft.relabel, output_dir=sft.output_dir,
+                               teacher_spec=sft.teacher_spec) == sft
+    assert dagger.output_dir != sft.output_dir and dagger.teacher_spec != sft.teacher_spec
 
 
 @pytest.mark.parametrize("env", ["webshop", "search"])

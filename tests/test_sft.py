@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,14 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from envs.base import PromptContext, StepOutcome, extract_action, format_answer
-from envs.demonstrations import Demonstration, DemoStep, demo_cache_path, demo_tasks, play_experts
+from envs.demonstrations import (
+    Demonstration,
+    DemoStep,
+    demo_cache_path,
+    demo_tasks,
+    play_experts,
+    require_relabelling_expert,
+)
 from tests.doubles import InProcessPool
 from turnopd.config import EnvConfig, RecipeError, TrainerConfig, compose
 from turnopd.orchestration.sft import (
@@ -144,8 +152,6 @@ def test_play_experts_stops_at_max_turns_and_keeps_lost_episodes() -> None:
 
 def test_demonstration_json_round_trip() -> None:
     demo = Demonstration("t", "near", "goal", True, [DemoStep("obs", ["a", "b"], "a")])
-    from dataclasses import asdict
-
     assert Demonstration.from_json(json.dumps(asdict(demo))) == demo
 
 
@@ -196,6 +202,72 @@ def test_an_exploring_experts_mistakes_are_played_not_imitated(tiny_model_dir: P
     assert [ex.turn for ex in examples] == [1, 3]
     # the history a trained turn shows still holds the mistake that was played before it
     assert "-> go to desk 1]" in tok.decode(examples[0].prompt_ids)
+
+
+class WalkRelabeller(WalkExpert):
+    """Follows another player: tracks its desk from the env's answers (a refused step does not move
+    it) and labels the next desk; after a refused step it says "fly", which the env never admits."""
+
+    def __init__(self) -> None:
+        self.at, self.refused, self.followed = 0, False, False
+
+    def label(self, outcome: StepOutcome) -> str:
+        if self.followed:
+            self.refused = outcome.observation == "Nothing happens."
+            self.at += not self.refused
+        return "fly" if self.refused else f"go to desk {self.at + 1}"
+
+    def follow(self, command: str) -> None:
+        self.followed = True
+
+
+def test_relabelled_states_are_the_players_with_the_experts_answers(tiny_model_dir: Path) -> None:
+    spec = WalkSpec()
+    spec.expert = lambda task_id: WalkRelabeller()
+    played = ["go to desk 1", "go to desk 3", "go to desk 2", "look"]  # a wrong desk, then a refused look
+    (demo,) = play_experts(spec, InProcessPool(spec), ["far-3"], max_turns=10, followed=[played])
+    assert demo.relabelled and not demo.won  # the player's outcome; its states are trained on all the same
+    assert [s.action for s in demo.steps] == played  # the commands run out: the episode ends there
+    assert [s.label for s in demo.steps] == ["go to desk 1", "go to desk 2", "fly", "go to desk 3"]
+    assert [s.imitate for s in demo.steps] == [True, True, False, True]  # "fly" is not admissible
+    assert Demonstration.from_json(json.dumps(asdict(demo))) == demo
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    examples = demo_examples([demo], spec, EnvConfig(name="alfworld", history_length=1), tok)
+    assert [ex.turn for ex in examples] == [0, 1, 3]
+    assert [tok.decode(ex.answer_ids) for ex in examples] == [
+        format_answer(a, "think_action") for a in ("go to desk 1", "go to desk 2", "go to desk 3")]
+    # the history shows what the player did at turn 2, not the expert's label
+    assert "History: [Nothing happens. -> go to desk 2]" in tok.decode(examples[2].prompt_ids)
+
+
+def test_play_experts_follows_each_players_commands_up_to_max_turns() -> None:
+    spec = WalkSpec()
+    spec.expert = lambda task_id: WalkRelabeller()
+    demos = list(play_experts(spec, InProcessPool(spec), ["near-1", "far-4"], max_turns=2,
+                              followed=[["go to desk 1", "look"], ["look", "look", "look"]]))
+    assert [len(d.steps) for d in demos] == [1, 2]  # near-1 is won at its first command; far-4 stops at 2
+    assert demos[0].won and not demos[1].won
+
+
+def test_an_expert_that_cannot_follow_is_refused() -> None:
+    with pytest.raises(ValueError, match="WalkExpert.*cannot act from states another player reached"):
+        require_relabelling_expert(WalkSpec(), "far-3")
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ([], "recipe key 'relabel.student': the alfworld expert \\(WalkthroughExpert\\) cannot act"),
+    (["env.options.expert=explorer", "relabel.task_types=[pick_two_obj_and_place]"],
+     "recipe key 'relabel.task_types': \\['pick_two_obj_and_place'\\] has no task in train"),
+    (["env.options.expert=explorer", "relabel.split=trian"], "recipe key 'relabel.split': unknown alfworld split"),
+])
+def test_bad_relabelling_fails_before_any_model_or_demo_work(tmp_path: Path, overrides: list[str],
+                                                             message: str) -> None:
+    recipe = _write(tmp_path, {"name": "t", "env": {"name": "alfworld", "task_types": ["look_at_obj_in_light"]},
+                               "model": {"path": str(tmp_path / "none")},
+                               "relabel": {"student": {"path": str(tmp_path / "student")}}})
+    with pytest.raises(RecipeError, match=message):
+        run_sft(load_sft_recipe(str(recipe), overrides))
 
 
 def test_example_batch_masks_exactly_the_answer_tokens() -> None:
@@ -341,8 +413,8 @@ def test_bad_splits_fail_before_any_model_or_demo_work(tmp_path: Path, overrides
 
 
 def test_shipped_sft_recipes_validate() -> None:
-    recipes = sorted(Path(__file__).resolve().parents[1].glob("recipes/*/teacher_sft.yaml"))
-    assert recipes, "no recipes/<env>/teacher_sft.yaml"
+    recipes = sorted(Path(__file__).resolve().parents[1].glob("recipes/*/teacher_*.yaml"))
+    assert any(r.name == "teacher_dagger.yaml" for r in recipes), "no recipes/<env>/teacher_*.yaml"
     for recipe in recipes:
         load_sft_recipe(str(recipe))
         assert "name" in compose(recipe)
@@ -389,3 +461,38 @@ def test_sft_command_end_to_end(tmp_path: Path, tiny_model_dir: Path, monkeypatc
     # The expert episodes are cached for the next run.
     cached = (tmp_path / "demos" / "alfworld").glob("*.jsonl")
     assert sum(len(p.read_text().splitlines()) for p in cached) == 2
+
+
+@pytest.mark.slow
+def test_sft_with_relabelled_student_states_end_to_end(tmp_path: Path, tiny_model_dir: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """relabel.student plays real ALFWorld games; the explorer labels its states; they join the
+    expert's demonstrations (the training turns are exactly both kinds)."""
+    import envs.demonstrations
+
+    monkeypatch.setattr(envs.demonstrations, "DEMOS_DIR", tmp_path / "demos")
+    recipe = _write(tmp_path, {
+        "name": "dagger",
+        "env": {"name": "alfworld", "task_types": ["look_at_obj_in_light"], "template": "notebook",
+                "answer_format": "action", "history_length": 1, "max_turns": 6, "num_workers": 1,
+                "options": {"expert": "explorer", "expert_noise": 0.15, "notes": True}},
+        "model": {"path": str(tiny_model_dir)},
+        "demos": {"episodes": 2},
+        "relabel": {"student": {"path": str(tiny_model_dir)}, "episodes": 2, "temperature": 1.0},
+        "batch_turns": 4,
+        "trainer": {"steps": 2, "lr": 1e-3},
+        "policy": {"max_new_tokens": 8},
+        "eval": {"enabled": False},
+        "output_dir": str(tmp_path / "teacher"),
+        "teacher_spec": None,
+    })
+    summary = run_sft(load_sft_recipe(str(recipe)))
+    relabel = summary.relabel
+    assert relabel is not None and relabel["episodes"] == 2
+    # a random-init student rarely acts at all: its episodes run to max_turns, one state per turn
+    assert 2 <= relabel["states"] <= 2 * 6 and 0 < relabel["imitated"] <= relabel["states"]
+    (cache,) = (tmp_path / "demos" / "alfworld").glob("*.jsonl")
+    demos = [Demonstration.from_json(line) for line in cache.read_text().splitlines()]
+    expert_turns = sum(step.imitate for demo in demos if demo.won for step in demo.steps)
+    assert summary.examples == expert_turns + relabel["imitated"]
+    assert json.loads((tmp_path / "teacher" / "sft_summary.json").read_text())["relabel"]["states"] == relabel["states"]

@@ -13,7 +13,9 @@
   receptacle of the goal type (open it if needed, put the object there). It never reads the
   engine's hidden facts, so every action it takes can be learnt from what the prompt shows.
 
-All assume the command they returned was the one played.
+All assume the command they returned was the one played, but the explorer, which can also label the
+states another player reached (`label`, then `follow` with the command that player took: the
+envs.base.RelabellingExpert protocol, for DAgger-style teacher data).
 """
 
 from __future__ import annotations
@@ -118,16 +120,23 @@ class ExplorerExpert:
         self._rng = random.Random(f"{task_id}:{seed}")
 
     def act(self, outcome: StepOutcome) -> str:
+        command = self.label(outcome)
+        self.exploring = self._rng.random() < self.noise
+        if self.exploring:
+            command = self._mistake(command, outcome.admissible or [])
+        self.follow(command)
+        return command
+
+    def label(self, outcome: StepOutcome) -> str:
+        """Its own choice after `outcome`, from the notebook kept of the commands followed so far."""
         if self.notes is None:
             self.notes = Notebook.for_task(self.params, outcome.observation)
         else:
             self.notes.update(self.last_command or "", outcome.observation)
-        command = self._choose(outcome.admissible or [])
-        self.exploring = self._rng.random() < self.noise
-        if self.exploring:
-            command = self._mistake(command, outcome.admissible or [])
+        return self._choose(outcome.admissible or [])
+
+    def follow(self, command: str) -> None:
         self.last_command = command
-        return command
 
     def _mistake(self, command: str, admissible: list[str]) -> str:
         others = [a for a in admissible if a.startswith("go to ") and a != command]  # a detour

@@ -88,6 +88,45 @@ def test_explorer_noise_plays_marked_detours() -> None:
     assert again.act(outcome(FIRST, go)) == first
 
 
+def test_explorer_labels_the_states_another_player_reached() -> None:
+    """DAgger relabelling: the notebook follows the commands another player took, and the label is
+    the expert's choice from there, never an exploring mistake."""
+    go = [f"go to {p}" for p in ("shelf 2", "desk 1", "drawer 1", "shelf 1", "bed 1")]
+    expert = ExplorerExpert("pick_and_place_simple-Book-None-Shelf-308/trial_T1", noise=1.0, seed=3)
+    assert expert.label(outcome(FIRST, go)) == "go to shelf 2"
+    expert.follow("go to bed 1")  # the student went elsewhere: bed 1 is visited, shelf 2 still is not
+    assert expert.label(outcome("You arrive at bed 1. On the bed 1, you see nothing.", go)) == "go to shelf 2"
+    expert.follow("go to desk 1")
+    assert expert.label(outcome("You arrive at desk 1. On the desk 1, you see a book 2.",
+                                [*go, "take book 2 from desk 1"])) == "take book 2 from desk 1"
+    expert.follow("go to drawer 1")  # it walked away from the book: the search goes on from drawer 1
+    assert expert.label(outcome("You arrive at drawer 1. The drawer 1 is closed.",
+                                [*go, "open drawer 1"])) == "open drawer 1"
+    assert expert.notes is not None and expert.notes.visited == {"bed 1", "desk 1", "drawer 1"}
+
+
+def test_relabelling_a_real_game_through_the_env() -> None:
+    """A refused detour ("Nothing happens.") changes nothing the expert knows, so after it every
+    label is the command the expert played in its own episode of the same game."""
+    from envs.demonstrations import relabel_episodes
+
+    env_config = EnvConfig(name="alfworld", template="notebook", answer_format="action", history_length=1,
+                           num_workers=1, options={"expert": "explorer", "notes": True})
+    spec = make_env_spec(env_config)
+    env, expert = spec.make(), spec.expert(LOOK_GAME)
+    step, own = env.reset(LOOK_GAME), []
+    while not step.done:
+        own.append(expert.act(step))
+        step = env.step(own[-1])
+    env.close()
+    (demo,) = relabel_episodes(spec, env_config, [(LOOK_GAME, ["go to nowhere", *own])])
+    assert demo.relabelled and demo.won and len(demo.steps) == len(own) + 1
+    assert [s.action for s in demo.steps] == ["go to nowhere", *own]  # what was played
+    assert [s.label for s in demo.steps] == [own[0], *own]  # what the expert says there
+    assert demo.steps[1].observation.startswith("Nothing happens.")
+    assert all(s.imitate for s in demo.steps)  # every label is admissible where it was given
+
+
 def test_explorer_refuses_other_task_types() -> None:
     with pytest.raises(ValueError, match="pick_and_place_simple, look_at_obj_in_light.*handcoded"):
         ExplorerExpert("pick_two_obj_and_place-Pillow-None-Sofa-219/trial_T2")

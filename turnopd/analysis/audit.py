@@ -49,6 +49,53 @@ def bootstrap_auc(scores: Sequence[float], labels: Sequence[bool], rng: np.rando
     return percentile_interval(values) if len(values) >= 10 else None
 
 
+def paired_difference(episodes: Sequence[int], differences: Sequence[float], rng: np.random.Generator,
+                      resamples: int = BOOTSTRAP) -> dict[str, Any]:
+    """Two teachers' takeovers from the same states: d_s = won_second(s) - won_first(s), and
+    difference = (1 / n) sum_s d_s, with two 95% percentile bootstrap intervals: `by_state`
+    resamples the states; `by_episode` resamples whole episodes (a state's episode: its states
+    share a game, so they are not independent) and takes sum d / number of states drawn."""
+    d = np.asarray(differences, dtype=float)
+    groups = [d[np.asarray(episodes) == e] for e in sorted(set(episodes))]
+    by_state = [float(d[rng.integers(0, len(d), len(d))].mean()) for _ in range(resamples)]
+    by_episode = []
+    for _ in range(resamples):
+        drawn = [groups[i] for i in rng.integers(0, len(groups), len(groups))]
+        by_episode.append(sum(float(g.sum()) for g in drawn) / sum(len(g) for g in drawn))
+    return {"states": len(d), "episodes": len(groups), "difference": float(d.mean()),
+            "only_first": int((d < 0).sum()), "only_second": int((d > 0).sum()),
+            "by_state": percentile_interval(by_state), "by_episode": percentile_interval(by_episode)}
+
+
+class AuditMismatch(ValueError):
+    """Two audits that did not take over from the same states."""
+
+
+def compare_audits(first: dict[str, Any], second: dict[str, Any], band_width: int, seed: int = 0) -> list[dict[str, Any]]:
+    """The second audit's teacher against the first's on the states both took over from: one row for
+    all of them, then one per band of `band_width` turns (paired_difference each). Both audits must
+    have played the same student episodes (same recipe seed, student, split and states)."""
+    def keyed(report: dict[str, Any]) -> dict[tuple[int, int], dict[str, Any]]:
+        return {(s["episode"], s["turn"]): s for s in report["states"]}
+
+    a, b = keyed(first), keyed(second)
+    if a.keys() != b.keys() or any(a[k]["task_id"] != b[k]["task_id"] or a[k]["student_won"] != b[k]["student_won"]
+                                   for k in a):
+        raise AuditMismatch(f"the audits took over from different states ({first['teacher']}: {len(a)}, "
+                            f"{second['teacher']}: {len(b)}, {len(a.keys() & b.keys())} shared); run both with the same "
+                            "recipe seed, student, --episodes, --per-band, --band-width and split")
+    rng = np.random.default_rng(seed)
+    keys = sorted(a)
+    rows = []
+    for label, chosen in [("all", keys), *(
+            (f"{band * band_width + 1}-{(band + 1) * band_width}", [k for k in keys if k[1] // band_width == band])
+            for band in sorted({k[1] // band_width for k in keys}))]:
+        row = paired_difference([k[0] for k in chosen], [b[k]["won"] - a[k]["won"] for k in chosen], rng)
+        rows.append({"turns": label, "first": sum(a[k]["won"] for k in chosen) / len(chosen),
+                     "second": sum(b[k]["won"] for k in chosen) / len(chosen), **row})
+    return rows
+
+
 def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float] | None:
     """The Wilson score interval of a proportion (95% for z = 1.96):
     (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), p = successes / n."""

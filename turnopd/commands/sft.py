@@ -30,7 +30,8 @@ def sft(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sft", help="fine-tune a teacher on an env's expert demonstrations")
+    p = sub.add_parser("sft", help="fine-tune a teacher on an env's expert demonstrations "
+                                                "(and relabelled student states)")
     p.add_argument("recipe", help="SFT recipe YAML (e.g. recipes/alfworld/teacher_sft.yaml)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotlist overrides, e.g. trainer.steps=50")
     p.add_argument("--dry-run", action="store_true", help="validate and print the recipe, then stop")

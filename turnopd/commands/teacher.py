@@ -1,5 +1,6 @@
 """`turnopd teacher serve TEACHER_SPEC`: start vLLM's OpenAI-compatible server for a teacher.
 `turnopd teacher audit RECIPE`: where the teacher is guessing (turnopd.orchestration.audit).
+`turnopd teacher compare A B`: two audits' teachers on the same student states, paired.
 
 `serve` runs `python -m vllm.entrypoints.openai.api_server` (see teachers.spec.server_command), prints
 the URL to put in the spec's `url` (backend vllm_server), waits until the server answers /health,
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import requests
 
@@ -90,7 +92,7 @@ def print_audit(report: dict) -> None:
     """The audit's two tables, for a person."""
     names = list(report["signals"])
     print(f"\nTakeover success from student states (teacher {report['teacher']}, student {report['student']}; "
-          f"{report['episodes']} episodes, student success {100 * report['student_success']:.0f}%; "
+          f"{report['episodes']} {report['split']} episodes, student success {100 * report['student_success']:.0f}%; "
           f"{report['diverged']} replays diverged and were dropped)")
     print(" | ".join(["turns", "states", "teacher takes over", "student takes over", *names]))
     for b in report["bands"]:
@@ -124,7 +126,7 @@ def audit(args: argparse.Namespace) -> int:
 
     try:
         report = run_audit(cfg, student=args.student, episodes=args.episodes, per_band=args.per_band,
-                           band_width=args.band_width)
+                           band_width=args.band_width, held_out=args.held_out)
     except (RecipeError, TeacherSpecError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -132,6 +134,28 @@ def audit(args: argparse.Namespace) -> int:
         json.dump(report, f, indent=1)
     print_audit(report)
     print(f"\naudit: {report['path']} and its plot {report['plot']} ({report['seconds']:.0f} s)")
+    return 0
+
+
+def compare(args: argparse.Namespace) -> int:
+    """Two audits' takeovers from the same states, paired (turnopd.analysis.audit.compare_audits)."""
+    from turnopd.analysis.audit import AuditMismatch, compare_audits
+
+    try:
+        first, second = (json.loads(Path(path).read_text()) for path in (args.first, args.second))
+        rows = compare_audits(first, second, args.band_width)
+    except (OSError, json.JSONDecodeError, KeyError, AuditMismatch) as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    print(f"Takeover success from the same student states: {first['teacher']} (first) and {second['teacher']} "
+          f"(second); 95% bootstrap intervals of the difference, resampling states, then whole episodes")
+    print(" | ".join(["turns", "states", "episodes", "first", "second", "only first", "only second",
+                      "difference (points)", "by state", "by episode"]))
+    for r in rows:
+        print(" | ".join([r["turns"], str(r["states"]), str(r["episodes"]), f"{100 * r['first']:.1f}%",
+                          f"{100 * r['second']:.1f}%", str(r["only_first"]), str(r["only_second"]),
+                          f"{100 * r['difference']:+.1f}", _interval(r["by_state"], 100, 1),
+                          _interval(r["by_episode"], 100, 1)]))
     return 0
 
 
@@ -154,5 +178,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--episodes", type=int, default=16, help="student episodes to draw states from")
     a.add_argument("--per-band", type=int, default=12, help="states per band of turns to take over from")
     a.add_argument("--band-width", type=int, default=10, help="turns per band")
+    a.add_argument("--held-out", action="store_true", help="draw the student's episodes from the recipe's held-out "
+                                                          "eval tasks instead of its training tasks")
     a.set_defaults(func=audit)
+    c = teacher_sub.add_parser("compare", help="two audits' teachers on the same student states, paired")
+    c.add_argument("first", metavar="FIRST_AUDIT_JSON", help="runs/<name>-audit/audit.json (the reference)")
+    c.add_argument("second", metavar="SECOND_AUDIT_JSON")
+    c.add_argument("--band-width", type=int, default=20, help="turns per band of the table")
+    c.set_defaults(func=compare)
     p.set_defaults(func=lambda args: p.print_help() or 2)

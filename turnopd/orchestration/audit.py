@@ -1,9 +1,10 @@
 """`turnopd teacher audit RECIPE`: where is the teacher guessing? Teacher takeovers from student states
 as the ground truth of the familiarity signals (turnopd.algorithm.familiarity).
 
-1. The student (the recipe's, or a run's newest checkpoint) plays `episodes` training tasks at full
-   depth with the recipe's rollout sampling; the teacher scores them, which gives every turn its
-   familiarity signals.
+1. The student (the recipe's, or a run's newest checkpoint) plays `episodes` training tasks (with
+   `held_out`: the recipe's held-out eval tasks, games no teacher trained on, so that a teacher
+   trained on student states of training games is not judged on those games) at full depth with the
+   recipe's rollout sampling; the teacher scores them, which gives every turn its familiarity signals.
 2. Up to `per_band` states per band of `band_width` turns are drawn from those episodes. From each
    (turn t of an episode), the teacher takes over: the env replays the student's first t actions,
    then the teacher plays greedily to the end, with env.max_turns turns of its own (a state late in
@@ -111,7 +112,7 @@ def state_records(trajectories: list[Trajectory], states: list[tuple[int, int]],
 
 
 def run_audit(cfg: RunConfig, *, student: str | None = None, episodes: int = 16, per_band: int = 12,
-              band_width: int = 10) -> dict[str, Any]:
+              band_width: int = 10, held_out: bool = False) -> dict[str, Any]:
     """Play, score, take over and summarize (see the module docstring); returns the report."""
     setup, _ = check_setup(cfg)
     build_missing_models(cfg, setup)
@@ -125,8 +126,9 @@ def run_audit(cfg: RunConfig, *, student: str | None = None, episodes: int = 16,
         policy, student_name = student_policy(cfg, setup.student_path, student)
         try:
             check_tokenizers(policy.tokenizer, teachers[cfg.env.name].tokenizer, student_name, spec.name)
-            tasks = sample_tasks(setup.train_tasks, episodes, cfg.seed, 0, AUDIT_SALT)
-            print(f"audit: the student ({student_name}) plays {episodes} {cfg.env.train_split} episodes at full "
+            split = setup.eval_split if held_out else cfg.env.train_split
+            tasks = sample_tasks(setup.eval_tasks if held_out else setup.train_tasks, episodes, cfg.seed, 0, AUDIT_SALT)
+            print(f"audit: the student ({student_name}) plays {episodes} {split} episodes at full "
                   f"depth ({cfg.env.max_turns} turns)", flush=True)
             trajectories = rollout(setup.spec, pool, policy, tasks, env_config=cfg.env,
                                    sampling=step_sampling(cfg, 0), cap=cfg.env.max_turns)
@@ -157,7 +159,7 @@ def run_audit(cfg: RunConfig, *, student: str | None = None, episodes: int = 16,
                            "does not replay deterministically, so it cannot be audited this way")
     rng = np.random.default_rng(cfg.seed)
     report = {
-        "recipe": cfg.name, "student": student_name, "teacher": spec.name, "episodes": episodes,
+        "recipe": cfg.name, "student": student_name, "teacher": spec.name, "episodes": episodes, "split": split,
         "student_success": statistics.fmean(t.success for t in trajectories), "band_width": band_width,
         "per_band": per_band, "diverged": diverged, "seconds": time.perf_counter() - clock,
         "bands": [band_summary(records, b, band_width) for b in sorted({r["band"] for r in records})],

@@ -9,6 +9,11 @@
 2. Each demonstration turn is rendered exactly as the student sees that turn in a rollout (the env's
    prompt template with the same history window, admissible actions and answer format, as ONE
    chat user message), and the answer is `format_answer(action, env.answer_format)`.
+   With `relabel.student` set (DAgger-style, to make the teacher familiar with where students go),
+   that student also plays `relabel.episodes` train tasks at full depth (sampled at
+   `relabel.temperature`), and the env replays each episode while its expert labels every state the
+   student reached (envs.demonstrations.relabel_episodes); each state where the expert's command is
+   admissible becomes a training turn: the student's prompt there, the expert's answer.
 3. Training: the same DeepSpeed trainer as distillation, objective `nll` with `token_mean` loss, so
    the loss is the mean negative log-likelihood of the answer tokens only (prompts are context).
    `train_top_layers: N` trains only the last N transformer blocks and the final norm of a
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -31,8 +37,15 @@ from typing import Any
 from omegaconf import MISSING
 
 from envs import make_env_spec
-from envs.base import EnvSpec, format_answer
-from envs.demonstrations import Demonstration, collect_demonstrations, demo_contexts
+from envs.base import EnvSpec, format_answer, split_tasks
+from envs.demonstrations import (
+    Demonstration,
+    collect_demonstrations,
+    demo_contexts,
+    demo_tasks,
+    relabel_episodes,
+    require_relabelling_expert,
+)
 from envs.pool import EnvPool
 from teachers.spec import TeacherSpec, save_teacher_spec
 from turnopd.config import (
@@ -52,9 +65,11 @@ from turnopd.engines.hf_models import resolve_dtype
 from turnopd.models import MODEL_PREPARERS, building, prepare_model
 from turnopd.orchestration.preflight import train_and_eval_tasks
 from turnopd.orchestration.recipe import validate_recipe
-from turnopd.rollout import make_policy
-from turnopd.rollout.engine import chat_prompt_ids
+from turnopd.rollout import SamplingParams, make_policy
+from turnopd.rollout.engine import chat_prompt_ids, rollout
 from turnopd.rollout.eval import evaluate
+
+RELABEL_SALT = 5_555  # the relabelled student's task draw, apart from the demonstrations'
 
 # ---------------------------------------------------------------------------------------------
 # Recipe
@@ -65,6 +80,17 @@ from turnopd.rollout.eval import evaluate
 class DemoConfig:
     split: str | None = None  # None: env.train_split
     episodes: int = field(default=100, metadata={"range": (1, None)})  # expert episodes to play
+
+
+@dataclass
+class RelabelConfig:
+    """DAgger-style states (see the module docstring); null student: expert demonstrations only."""
+
+    student: ModelConfig | None = None  # the model whose states are relabelled (built by its `prepare` if missing)
+    episodes: int = field(default=64, metadata={"range": (1, None)})
+    temperature: float = field(default=0.5, metadata={"range": (0.0, None)})  # the student's sampling
+    split: str | None = None  # None: demos.split
+    task_types: list[str] | None = None  # None: env.task_types (e.g. only the types students are distilled on)
 
 
 @dataclass
@@ -85,6 +111,7 @@ class SFTConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)  # the model to fine-tune
     demos: DemoConfig = field(default_factory=DemoConfig)
+    relabel: RelabelConfig = field(default_factory=RelabelConfig)
     batch_turns: int = field(default=32, metadata={"range": (1, None)})
     train_top_layers: int | None = field(default=None, metadata={"range": (1, None)})  # None: every parameter
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(steps=300, lr=1e-3))
@@ -119,17 +146,18 @@ class SFTExample:
 
 
 def demo_examples(demos: list[Demonstration], spec: EnvSpec, env_config: EnvConfig, tokenizer: Any) -> list[SFTExample]:
-    """Every turn of the won demonstrations (but an exploring expert's mistakes), rendered as the
-    rollout engine renders a turn."""
+    """Every imitated turn of the won demonstrations (not an exploring expert's mistakes) and of the
+    relabelled episodes (won or not: the expert's label is the answer), rendered as the rollout
+    engine renders a turn."""
     examples = []
-    for demo in (d for d in demos if d.won):
+    for demo in (d for d in demos if d.won or d.relabelled):
         for ctx, step in demo_contexts(demo, env_config):
             if not step.imitate:
                 continue
-            answer = format_answer(step.action, env_config.answer_format)
+            answer = format_answer(step.target, env_config.answer_format)
             parsed = spec.parse_action(answer)
-            if not parsed.valid or parsed.action != step.action:  # the engine's history holds parsed actions
-                raise ValueError(f"{spec.name}: the expert's action {step.action!r} does not survive its own "
+            if not parsed.valid or parsed.action != step.target:  # the engine's history holds parsed actions
+                raise ValueError(f"{spec.name}: the expert's action {step.target!r} does not survive its own "
                                  f"answer format ({answer!r} parses to {parsed.action!r})")
             examples.append(SFTExample(demo.task_id, ctx.step, chat_prompt_ids(tokenizer, spec.render_prompt(ctx)),
                                        tokenizer.encode(answer, add_special_tokens=False)))
@@ -184,6 +212,9 @@ class SFTResult:
     eval_time_s: float
     prepare_time_s: float  # building the model (if missing) and playing the demonstrations (if not cached)
     wall_time_s: float
+    # relabel.student's states (relabel_student_states): episodes, student_success, states, imitated,
+    # agreement (share of the imitated states where the student did what the expert says), seconds
+    relabel: dict[str, Any] | None = None
 
 
 def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
@@ -199,14 +230,11 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
     split, train_tasks, eval_split, eval_tasks = train_and_eval_tasks(
         spec, cfg.env, eval_split=cfg.eval.split, max_eval_tasks=cfg.eval.max_tasks,
         train_split=cfg.demos.split, train_key="demos.split")
-    model_dir = Path(cfg.model.path).expanduser()
+    relabel_tasks = relabel_task_ids(cfg, spec, split) if cfg.relabel.student is not None else []
     # one figure for both: a tiny model's tokenizer is trained on the same expert episodes, so
     # preparing it plays the demonstrations and collect_demonstrations reads them from the cache
     prepare_start = time.perf_counter()
-    if not model_dir.exists():
-        if cfg.model.prepare is None:
-            raise RecipeError(f"recipe key 'model.path': {model_dir} does not exist and 'model.prepare' is not set")
-        prepare_model(cfg.model.prepare, model_dir, **cfg.model.prepare_options)
+    model_dir = ensure_model(cfg.model, "model")
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if cfg.train_top_layers is not None:  # a bad value fails here, before the demonstrations are played
@@ -220,12 +248,17 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
     examples = demo_examples(demos, spec, cfg.env, tokenizer)
     if not examples:
         raise RuntimeError(f"the expert won none of its {len(demos)} episodes: nothing to train on")
+    expert_turns = len(examples)
+    relabel = relabel_student_states(cfg, spec, relabel_tasks, tokenizer) if relabel_tasks else None
+    if relabel is not None:
+        examples += relabel.pop("examples")
     longest = max(len(ex.prompt_ids) + len(ex.answer_ids) for ex in examples)
     if longest > model.config.max_position_embeddings:
         raise RecipeError(f"a demonstration turn has {longest} tokens, more than the model's "
                           f"{model.config.max_position_embeddings} positions; lower env.history_length "
                           f"(now {cfg.env.history_length})")
-    print(f"{sum(d.won for d in demos)}/{len(demos)} expert episodes won -> {len(examples)} turns, "
+    relabelled = f" and {len(examples) - expert_turns} relabelled student turns" if relabel is not None else ""
+    print(f"{sum(d.won for d in demos)}/{len(demos)} expert episodes won -> {expert_turns} turns{relabelled}, "
           f"{sum(len(ex.answer_ids) for ex in examples)} answer tokens; longest turn {longest} tokens", flush=True)
 
     torch.manual_seed(cfg.seed)
@@ -267,10 +300,74 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
         answer_tokens=sum(len(ex.answer_ids) for ex in examples), steps=len(losses), train_time_s=train_time,
         first_loss=losses[0][0], final_loss=sum(final) / len(final), eval_split=eval_split, eval_tasks=len(eval_tasks),
         avg_at_1=avg_at_1, per_type=per_type, eval_mean_turns=mean_turns, eval_time_s=eval_time,
-        prepare_time_s=prepare_time, wall_time_s=time.perf_counter() - wall_start)
+        prepare_time_s=prepare_time, wall_time_s=time.perf_counter() - wall_start, relabel=relabel)
     (output / "sft_summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
     print_sft_summary(cfg, summary)
     return summary
+
+
+def ensure_model(model: ModelConfig, key: str) -> Path:
+    """The model folder of a recipe's model block, built by its preparation when missing."""
+    path = Path(model.path).expanduser()
+    if not path.exists():
+        if model.prepare is None:
+            raise RecipeError(f"recipe key '{key}.path': {path} does not exist and '{key}.prepare' is not set")
+        prepare_model(model.prepare, path, **model.prepare_options)
+    return path
+
+
+def relabel_task_ids(cfg: SFTConfig, spec: EnvSpec, split: str) -> list[str]:
+    """The relabel.episodes tasks the relabelled student plays (round-robin over relabel.task_types),
+    checked before any heavy work, as is the env's expert (it must act from the student's states)."""
+    relabel = cfg.relabel
+    try:
+        split = relabel.split or split
+        ordered = demo_tasks(spec, split, len(split_tasks(spec, split)), cfg.seed + RELABEL_SALT)
+    except ValueError as exc:
+        raise RecipeError(f"recipe key 'relabel.split': {exc}") from None
+    tasks = [task for task in ordered
+             if relabel.task_types is None or spec.task_type(task) in relabel.task_types][:relabel.episodes]
+    if not tasks:
+        raise RecipeError(f"recipe key 'relabel.task_types': {relabel.task_types} has no task in {split} "
+                          f"(env.task_types: {cfg.env.task_types})")
+    try:
+        require_relabelling_expert(spec, tasks[0])
+    except ValueError as exc:
+        raise RecipeError(f"recipe key 'relabel.student': {exc}") from None
+    return tasks
+
+
+def relabel_student_states(cfg: SFTConfig, spec: EnvSpec, tasks: list[str], tokenizer: Any) -> dict[str, Any]:
+    """relabel.student plays `tasks` at full depth; the env's expert labels the states it reached
+    (envs.demonstrations.relabel_episodes). Returns their training turns (`examples`) and what they
+    were (SFTResult.relabel)."""
+    relabel, start = cfg.relabel, time.perf_counter()
+    assert relabel.student is not None
+    path = ensure_model(relabel.student, "relabel.student")
+    print(f"relabel: the student {path} plays {len(tasks)} train episodes "
+          f"(temperature {relabel.temperature:g}); the {spec.name} expert labels every state it reaches", flush=True)
+    policy = make_policy(cfg.policy, str(path), dtype=relabel.student.dtype, seed=cfg.seed)
+    sampling = SamplingParams(temperature=relabel.temperature, top_p=cfg.policy.top_p,
+                              max_new_tokens=cfg.policy.max_new_tokens, stop=tuple(cfg.policy.stop), seed=cfg.seed)
+    try:
+        with EnvPool.for_config(spec, cfg.env) as pool:
+            trajectories = rollout(spec, pool, policy, tasks, env_config=cfg.env, sampling=sampling,
+                                   cap=cfg.env.max_turns)
+    finally:
+        policy.close()
+    played = [t for t in trajectories if not t.env_error]
+    relabelled = relabel_episodes(spec, cfg.env, [
+        (t.task_id, [spec.parse_action(turn.action_text).action for turn in t.turns]) for t in played])
+    steps = [step for demo in relabelled for step in demo.steps]
+    imitated = [step for step in steps if step.imitate]
+    summary = {"episodes": len(played), "student_success": statistics.fmean(t.success for t in played) if played else 0.0,
+               "states": len(steps), "imitated": len(imitated),
+               "agreement": statistics.fmean(s.action == s.label for s in imitated) if imitated else 0.0,
+               "seconds": time.perf_counter() - start}
+    print(f"relabel: {summary['states']} student states ({100 * summary['student_success']:.0f}% of the episodes won); "
+          f"the expert acts from {summary['imitated']}, where the student agreed with it "
+          f"{100 * summary['agreement']:.0f}% of the time ({summary['seconds']:.0f} s)", flush=True)
+    return {**summary, "examples": demo_examples(relabelled, spec, cfg.env, tokenizer)}
 
 
 def freeze_below_top_layers(model: Any, top_layers: int) -> int:
@@ -332,6 +429,9 @@ def print_sft_summary(cfg: SFTConfig, s: SFTResult) -> None:
                   f"({s.demos_won}/{s.demos_played} expert episodes won) in {s.train_time_s:.0f} s; "
                   f"loss {s.first_loss:.3f} -> {s.final_loss:.3f}")
     per_type = ", ".join(f"{k} {100 * v:.1f}%" for k, v in s.per_type.items())
+    if s.relabel is not None:
+        console.print(f"of them {s.relabel['imitated']} relabelled student states ({s.relabel['episodes']} student episodes, "
+                      f"the student agreeing with the expert at {100 * s.relabel['agreement']:.0f}% of them)")
     if cfg.eval.enabled:
         console.print(f"held-out Avg@1 on {s.eval_split} ({s.eval_tasks} tasks, greedy): [bold]{100 * s.avg_at_1:.1f}%[/] "
                       f"({per_type}); mean {s.eval_mean_turns:.1f} turns; eval {s.eval_time_s:.0f} s")
