@@ -25,10 +25,10 @@ from teachers.spec import (
     save_teacher_spec,
     server_command,
 )
-from teachers.vllm_server import TeacherServerError
+from teachers.vllm_server import TeacherServerError, merge_replica_stats, replica_stats
 
 __all__ = [
     "TEACHER_BACKENDS", "Teacher", "TeacherServerError", "TeacherSpec", "TeacherSpecError", "TokenScores",
     "TokenizerMismatchError", "check_tokenizers", "load_teacher_spec", "make_teacher", "make_teachers",
-    "save_teacher_spec", "score_trajectories", "server_command",
+    "merge_replica_stats", "replica_stats", "save_teacher_spec", "score_trajectories", "server_command",
 ]

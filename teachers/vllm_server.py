@@ -125,6 +125,32 @@ class Replicas:
         return "; ".join(f"{r.url}: {r.last_error or 'no error'}" for r in self.replicas)
 
 
+def replica_stats(teachers: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """{teacher name: take_replica_stats()} for the teachers served by replicas (vllm_server): what
+    the scoring in this process did since the last call."""
+    unique = {id(t): t for t in teachers.values()}.values()
+    return {t.name: t.take_replica_stats() for t in unique if hasattr(t, "take_replica_stats")}
+
+
+def merge_replica_stats(total: dict[str, dict[str, dict[str, Any]]],
+                        more: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Two spans' replica_stats as one: requests and failures add up, `up` is the later span's, and
+    the mean latency is over the answered requests (requests - failures) of both."""
+    merged = {name: {url: dict(row) for url, row in urls.items()} for name, urls in total.items()}
+    for name, urls in more.items():
+        for url, row in urls.items():
+            old = merged.setdefault(name, {}).get(url)
+            if old is None:
+                merged[name][url] = dict(row)
+                continue
+            answered_old, answered_new = old["requests"] - old["failures"], row["requests"] - row["failures"]
+            latency = old["mean_latency_s"] * answered_old + row["mean_latency_s"] * answered_new
+            merged[name][url] = {"requests": old["requests"] + row["requests"],
+                                 "failures": old["failures"] + row["failures"], "up": row["up"],
+                                 "mean_latency_s": latency / max(answered_old + answered_new, 1)}
+    return merged
+
+
 @TEACHER_BACKENDS.register("vllm_server")
 class VLLMServerTeacher:
     provides_model = False

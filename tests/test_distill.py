@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import LAUNCHER_VARIABLES, loop_models
+from tests.test_faults import fill, small_disk
 from turnopd.config import RecipeError
+from turnopd.core.checkpoint import list_checkpoints
 from turnopd.core.metrics import read_metrics
 from turnopd.orchestration.distill import run_distillation
 from turnopd.orchestration.pipeline import sample_tasks
@@ -65,8 +67,8 @@ def test_resume_refuses_a_different_recipe(models, tmp_path):
         check_resume_config(tmp_path, load_recipe(models / "recipe.yaml", ["trainer.lr=0.5"]))
 
 
-def _distill(models: Path, *args: str, **popen) -> subprocess.Popen:
-    env = _child_env()
+def _distill(models: Path, *args: str, env_extra: dict[str, str] | None = None, **popen) -> subprocess.Popen:
+    env = {**_child_env(), **(env_extra or {})}
     return subprocess.Popen([sys.executable, "-m", "turnopd.cli", "distill", str(models / "recipe.yaml"), *args],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
 
@@ -93,13 +95,29 @@ def _kill_at_checkpoint(run: subprocess.Popen, run_dir: Path, step: int) -> None
     run.wait()
 
 
-@pytest.mark.slow
-def test_run_records_then_kill_and_resume_continue_exactly(models):
-    # Run A: uninterrupted. Run B: SIGKILL while step 3 runs (after checkpoint 2), then --resume.
+@pytest.fixture(scope="module")
+def uninterrupted(models) -> tuple[Path, str]:
+    """Run A: the recipe's 4 steps, uninterrupted (its folder and printed output)."""
     a = _distill(models, "name=uninterrupted")
     out_a, _ = a.communicate(timeout=900)
     assert a.returncode == 0, out_a
-    run_a = models / "runs" / "uninterrupted"
+    return models / "runs" / "uninterrupted", out_a
+
+
+def _assert_same_steps(run: Path, reference: list[dict]) -> None:
+    """Same tasks, seeds, weights, optimizer and controller state: each step equals the reference's."""
+    train = _train_records(run)
+    assert [r["step"] for r in train] == [r["step"] for r in reference]  # no duplicate, no lost step
+    for ra, rb in zip(reference, train, strict=True):
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5, abs=1e-7)
+        assert rb["tokens_generated"] == ra["tokens_generated"]
+        assert rb["rollout_depth_cap"] == ra["rollout_depth_cap"]
+
+
+@pytest.mark.slow
+def test_run_records_then_kill_and_resume_continue_exactly(models, uninterrupted):
+    # Run A: uninterrupted. Run B: SIGKILL while step 3 runs (after checkpoint 2), then --resume.
+    run_a, out_a = uninterrupted
     records = read_metrics(run_a / "metrics.jsonl")
     kinds = [r["kind"] for r in records]
     assert kinds == ["start", "eval", "train", "train", "train", "train", "eval"]
@@ -122,13 +140,8 @@ def test_run_records_then_kill_and_resume_continue_exactly(models):
     out_b, _ = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, out_b
     assert "resuming" in out_b and "from step 2" in out_b
+    _assert_same_steps(run_b, train)
     train_b = _train_records(run_b)
-    assert [r["step"] for r in train_b] == [1, 2, 3, 4]  # no duplicate, no lost step
-    # Same tasks, seeds, weights, optimizer and controller state: the resumed steps equal run A's.
-    for ra, rb in zip(train, train_b, strict=True):
-        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5, abs=1e-7)
-        assert rb["tokens_generated"] == ra["tokens_generated"]
-        assert rb["rollout_depth_cap"] == ra["rollout_depth_cap"]
     # the training clock continues from the checkpoint instead of restarting at zero
     assert train_b[2]["train_time_s"] > train_b[1]["train_time_s"]
 
@@ -144,6 +157,104 @@ def test_run_records_then_kill_and_resume_continue_exactly(models):
     train_c = _train_records(run_b)
     assert [r["step"] for r in train_c] == [1, 2, 3, 4]
     assert train_c[3]["loss"] == pytest.approx(train[3]["loss"], rel=1e-5, abs=1e-7)
+
+
+def _checkpoints(run_dir: Path) -> list[str]:
+    """Every folder under checkpoints/, hidden ones (a write or delete cut short) included."""
+    return sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+
+
+@pytest.mark.slow
+def test_sigkill_at_each_failpoint_then_resume_loses_nothing(models, uninterrupted):
+    """SIGKILL (TURNOPD_FAILPOINTS, turnopd.core.faults) in the middle of a step's rollout, before the
+    optimizer step, inside a checkpoint write with the files written and with the folder complete
+    but not renamed: each resume continues from the last complete checkpoint, and the run ends with
+    the uninterrupted run's steps and losses."""
+    run = models / "runs" / "failpoints"
+
+    def launch(failpoint: str | None, *resume: str) -> subprocess.Popen:
+        proc = _distill(models, "name=failpoints", *resume, start_new_session=True,
+                        env_extra={"TURNOPD_FAILPOINTS": failpoint} if failpoint else {})
+        proc.communicate(timeout=900)
+        return proc
+
+    # the eval at step 0 plays 1 episode, step 1 two: the 4th is the first to end in step 2's rollout
+    assert launch("rollout.episode_done@4=kill").returncode == -signal.SIGKILL
+    assert [r["step"] for r in _train_records(run)] == [1] and _checkpoints(run) == ["step_000001"]
+
+    # resumed at 1: step 2 trains and is checkpointed, step 3 dies with its gradients accumulated
+    assert launch("trainer.optimizer_step@2=kill", "--resume", str(run)).returncode == -signal.SIGKILL
+    assert [r["step"] for r in _train_records(run)] == [1, 2]
+    assert _checkpoints(run) == ["step_000001", "step_000002"]
+
+    # resumed at 2: step 3's record is written, its checkpoint dies with the trainer's files written
+    assert launch("checkpoint.files_written=kill", "--resume", str(run)).returncode == -signal.SIGKILL
+    assert [r["step"] for r in _train_records(run)] == [1, 2, 3]
+    assert _checkpoints(run) == [".tmp-step_000003", "step_000001", "step_000002"]
+
+    # resumed at 2 again (step 3's record dropped): checkpoint 3 complete in its temporary folder, not renamed
+    assert launch("checkpoint.before_rename=kill", "--resume", str(run)).returncode == -signal.SIGKILL
+    assert (run / "checkpoints" / ".tmp-step_000003" / "loop_state.json").is_file()
+    assert [p.name for p in list_checkpoints(run)] == ["step_000001", "step_000002"]
+
+    last = launch(None, "--resume", str(run))
+    assert last.returncode == 0
+    _assert_same_steps(run, _train_records(uninterrupted[0]))
+    assert _checkpoints(run) == [f"step_{k:06d}" for k in (1, 2, 3, 4)]  # the leftovers removed
+    starts = [r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "start"]
+    assert [r["resumed_from_step"] for r in starts] == [0, 1, 2, 2, 2]
+
+
+def _fill_when(run: subprocess.Popen, checkpoint: Path, disk: Path, leave_bytes: int) -> Path:
+    """Once `checkpoint` exists: stop the run (SIGSTOP), fill its disk to `leave_bytes` free, let it go on."""
+    deadline = time.time() + 900
+    while not checkpoint.exists():
+        assert run.poll() is None and time.time() < deadline, f"run ended before {checkpoint.name}"
+        time.sleep(0.05)
+    os.kill(run.pid, signal.SIGSTOP)
+    try:
+        return fill(disk, leave_bytes)
+    finally:
+        os.kill(run.pid, signal.SIGCONT)
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_stops_the_run_clearly_and_resume_loses_nothing(models, uninterrupted, tmp_path):
+    """The run folder on a 64 MB tmpfs that fills while the run writes. First 256 KB are left after
+    checkpoint 1: step 2's record fits, its checkpoint does not. Then the disk is full to the last
+    page when the run is resumed: the resume's first write (metrics.jsonl without the records past
+    the checkpoint) fails. Each time the run stops with the message and the --resume command, no
+    traceback, metrics.jsonl complete and no partial checkpoint left; once space is freed, --resume
+    ends the run with the uninterrupted run's steps and losses."""
+    with small_disk(tmp_path / "disk", "64m") as disk:
+        args = ("name=full", f"output_dir={disk}")
+        run = disk / "full"
+
+        first = _distill(models, *args)
+        filler = _fill_when(first, run / "checkpoints" / "step_000001", disk, leave_bytes=256 * 1024)
+        out, _ = first.communicate(timeout=900)
+        assert first.returncode == 1, out
+        assert (f"error: the run stopped: no space left on the disk holding {run}/checkpoints/step_000002: checkpoint "
+                "step_000002 could not be written") in out, out
+        assert "its partial folder was removed, and the last complete checkpoint is step_000001" in out
+        assert f"Free space, then continue the run with --resume {run}" in out and "Traceback" not in out
+        assert [r["step"] for r in _train_records(run)] == [1, 2] and _checkpoints(run) == ["step_000001"]
+        filler.unlink()
+
+        metrics = (run / "metrics.jsonl").read_bytes()
+        filler = fill(disk)
+        full = _distill(models, *args, "--resume", str(run))
+        out, _ = full.communicate(timeout=900)
+        assert full.returncode == 1, out
+        assert (f"no space left on the disk holding {run}/metrics.jsonl: its records past step 1 could not be dropped "
+                "(the file is unchanged)") in out and "Traceback" not in out, out
+        assert (run / "metrics.jsonl").read_bytes() == metrics and not (run / "metrics.jsonl.tmp").exists()
+        filler.unlink()
+
+        last = _distill(models, *args, "--resume", str(run))
+        out, _ = last.communicate(timeout=900)
+        assert last.returncode == 0, out
+        _assert_same_steps(run, _train_records(uninterrupted[0]))
 
 
 def _torchrun(launcher: list[str], models: Path, name: str) -> list[str]:

@@ -389,6 +389,42 @@ def test_a_killed_generator_is_restarted_then_ends_the_run_with_a_clear_error(mo
 
 
 @pytest.mark.slow
+def test_the_generator_process_reports_its_teacher_replicas(models, tmp_path, tiny_model_dir):
+    """one_step_off scores in the generator process: its replica stats come back with each answer
+    and add up to what the two replica servers (real HTTP servers, tests/teachers/test_replicas.py)
+    counted themselves, a failing replica's failures included."""
+    from teachers import TeacherSpec, make_teacher
+    from tests.teachers.test_replicas import Replica
+
+    reference = make_teacher(TeacherSpec(name="ref", model=str(tiny_model_dir), dtype="float32", max_length=1024))
+    servers = [Replica(reference), Replica(reference)]
+    (tmp_path / "teacher.yaml").write_text(
+        f"name: served\nmodel: {tiny_model_dir}\nbackend: vllm_server\nurls: [{servers[0].url}, {servers[1].url}]\n"
+        "max_length: 1024\noptions: {batch_size: 1, timeout_s: 20.0, backoff_s: 30.0}\n")
+    _, trainer, _, rollouts = _rollouts(models, "pipeline.mode=one_step_off", f"teachers.alfworld={tmp_path}/teacher.yaml")
+    try:
+        rollouts.take(BatchPlan(0, cap=3, episodes=2))
+        stats = rollouts.take_replica_stats()["served"]
+        assert [stats[s.url]["requests"] for s in servers] == [s.requests for s in servers]
+        assert sum(s.requests for s in servers) >= 2 and all(stats[s.url]["failures"] == 0 for s in servers)
+        assert all(stats[s.url]["up"] for s in servers) and rollouts.take_replica_stats() == {}  # taken
+
+        before = [s.requests for s in servers]
+        servers[0].mode = "http500"  # down at its first failure, not tried again within the 30 s back-off
+        rollouts.publish(trainer.module, version=1)
+        rollouts.take(BatchPlan(1, cap=3, episodes=2))
+        stats = rollouts.take_replica_stats()["served"]
+        assert stats[servers[0].url] == {"requests": 1, "failures": 1, "up": False, "mean_latency_s": 0.0}
+        assert servers[0].requests - before[0] == 1
+        assert stats[servers[1].url]["requests"] == servers[1].requests - before[1] >= 2
+        assert stats[servers[1].url]["failures"] == 0
+    finally:
+        rollouts.close()
+        for server in servers:
+            server.stop()
+
+
+@pytest.mark.slow
 def test_a_generator_that_raises_ends_the_run_with_its_traceback(models, tmp_path):
     (tmp_path / "no-such-model").mkdir()  # a folder (the pre-flight checks pass) with no model in it
     (tmp_path / "teacher.yaml").write_text(f"name: gone\nmodel: {tmp_path}/no-such-model\nbackend: transformers\n")

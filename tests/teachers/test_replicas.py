@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from teachers import TeacherServerError, TeacherSpec, make_teacher
+from teachers import TeacherServerError, TeacherSpec, make_teacher, merge_replica_stats
 from teachers.spec import server_urls
 from teachers.vllm_server import Replicas
 from tests.teachers.test_teachers import random_ids
@@ -133,6 +133,18 @@ def test_least_loaded_choice_and_back_off():
     router.answered(b, 1, 0.5)
     assert router.take_stats()["b"]["mean_latency_s"] == pytest.approx((4 * 0.25 + 0.5) / 5)
     assert router.take_stats()["b"]["requests"] == 0  # counted since the last call
+
+
+def test_replica_stats_of_two_spans_merge():
+    a = {"t": {"u1": {"requests": 3, "failures": 1, "up": True, "mean_latency_s": 0.5},
+               "u2": {"requests": 2, "failures": 0, "up": True, "mean_latency_s": 1.0}}}
+    b = {"t": {"u1": {"requests": 4, "failures": 0, "up": False, "mean_latency_s": 0.2}},
+         "s": {"v": {"requests": 1, "failures": 1, "up": False, "mean_latency_s": 0.0}}}
+    merged = merge_replica_stats(a, b)
+    # u1: 2 answered at 0.5 s and 4 at 0.2 s -> (1.0 + 0.8) / 6 = 0.3; `up` from the later span
+    assert merged["t"]["u1"] == {"requests": 7, "failures": 1, "up": False, "mean_latency_s": pytest.approx(0.3)}
+    assert merged["t"]["u2"] == a["t"]["u2"] and merged["s"] == b["s"]
+    assert merge_replica_stats({}, a) == a and a["t"]["u1"]["requests"] == 3  # inputs left as they were
 
 
 def test_two_replicas_share_the_work_and_score_like_the_teacher(tiny_model_dir, replicas, reference):

@@ -43,13 +43,14 @@ def distill(args: argparse.Namespace) -> int:
             return 2
         return 0
     from turnopd.core.distributed import rank_and_world
+    from turnopd.core.faults import DiskFull
     from turnopd.orchestration.distill import EnvFailed, run_distillation
     from turnopd.orchestration.pipeline import GeneratorError
     from turnopd.trainer import TrainingDiverged
 
     try:
         summary = run_distillation(cfg, resume=args.resume)
-    except (EnvFailed, GeneratorError, TrainingDiverged) as exc:  # the run's own verdict: no traceback needed
+    except (EnvFailed, GeneratorError, TrainingDiverged, DiskFull) as exc:  # the run's own verdict: no traceback needed
         print(f"error: the run stopped: {exc}", file=sys.stderr)
         return 1
     if rank_and_world()[0] == 0:  # drawn by the run's log at its end (and sent to its trackers)

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from turnopd.core.distributed import rank_and_world
+from turnopd.core.faults import disk_full_error, failpoint, is_disk_full
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 LOOP_STATE = "loop_state.json"
@@ -48,31 +49,65 @@ def _barrier() -> None:
 def save_checkpoint(run_dir: Path, step: int, trainer, tokenizer, loop_state: dict[str, Any],
                     keep_last: int) -> Path:
     """Write checkpoint `step` atomically and delete all but the newest `keep_last`. Called on every
-    rank (ZeRO partitions are saved by their owners); rank 0 writes the loop state and renames."""
+    rank (ZeRO partitions are saved by their owners); rank 0 writes the loop state and renames.
+
+    Complete or absent: the files go to a temporary folder that only a rename puts in place, and a
+    checkpoint counts only with its loop state, written last. A folder being replaced or deleted
+    is first renamed out of the way, so a kill never leaves a half-deleted one under a step's name.
+    A write that fails (a full disk) removes its temporary folder, to give the space back, and
+    re-raises; the checkpoints before it are untouched."""
     rank, _ = rank_and_world()
     final = checkpoint_dir(run_dir, step)
     tmp = final.with_name(f".tmp-{final.name}")
     if rank == 0:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        _remove_leftovers(final.parent)  # of a run killed while it wrote or deleted a checkpoint
         tmp.mkdir(parents=True)
     _barrier()
-    trainer.save(tmp)
-    torch.save(rng_state(), tmp / f"rng_{rank}.pt")
-    _barrier()
+    try:
+        trainer.save(tmp)
+        torch.save(rng_state(), tmp / f"rng_{rank}.pt")
+        failpoint("checkpoint.files_written")
+        _barrier()
+        if rank == 0:
+            tokenizer.save_pretrained(tmp)  # the student folder loads with from_pretrained on its own
+            with open(tmp / LOOP_STATE, "w", encoding="utf-8") as f:
+                json.dump({**loop_state, "step": step}, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            failpoint("checkpoint.before_rename")
+            if final.exists():  # re-saving the same step (e.g. over a torn one passed over on resume)
+                _discard(final)
+            os.replace(tmp, final)
+    except BaseException as exc:
+        full = isinstance(exc, Exception) and is_disk_full(exc, run_dir)  # judged before the space is given back
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            last = list_checkpoints(run_dir)
+            what = (f"checkpoint {final.name} could not be written ({type(exc).__name__}: {str(exc)[:200]}); its partial "
+                    f"folder was removed, and the last complete checkpoint is "
+                    f"{last[-1].name if last else 'none (the run would start over)'}")
+            raise disk_full_error(final, what, run_dir) from exc
+        raise
     if rank == 0:
-        tokenizer.save_pretrained(tmp)  # the student folder loads with from_pretrained on its own
-        with open(tmp / LOOP_STATE, "w", encoding="utf-8") as f:
-            json.dump({**loop_state, "step": step}, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        if final.exists():  # re-saving the same step (e.g. after a resume): replace it
-            shutil.rmtree(final)
-        os.replace(tmp, final)
         for old in list_checkpoints(run_dir)[:-keep_last]:
-            shutil.rmtree(old)
+            _discard(old)
     _barrier()
     return final
+
+
+def _discard(folder: Path) -> None:
+    """Delete a checkpoint folder: renamed to a hidden name first (atomic), then removed."""
+    doomed = folder.with_name(f".old-{folder.name}")
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.replace(folder, doomed)
+    shutil.rmtree(doomed)
+
+
+def _remove_leftovers(root: Path) -> None:
+    if root.is_dir():
+        for leftover in root.glob(".*-step_*"):
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:

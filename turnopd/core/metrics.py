@@ -16,7 +16,8 @@ Record kinds (field "kind"):
   teacher scored), familiarity_kept_share (the share of the loss weight familiarity.mode weight or
   gate left on the turns, before renormalizing; None with mode none),
   teacher_replicas {teacher: {replica url: requests, failures, up, mean_latency_s this step}}
-  (vllm_server teachers scoring in the training process).
+  (vllm_server teachers; in one_step_off and pool, the generator process's scoring since the
+  previous step).
   step_time_s (this step's wall-clock, eval and checkpoint excluded), generator_phases {the generator
   process's startup, idle and weight_sync seconds this step; empty in sync mode},
   pipeline {mode, weight_version (the trainer's), staleness_max, staleness_mean (versions the
@@ -36,25 +37,37 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from turnopd.core.faults import naming_a_full_disk
+
 STEP_KINDS = ("train", "eval", "final_eval", "teacher_eval")  # records that belong to a step
 
 
 class MetricsWriter:
-    """Appends records; each write is one complete line, flushed and fsynced, so a crash loses at
-    most the record being written and never leaves a torn line behind a complete one."""
+    """Appends records; each write is one complete line, fsynced, so a crash loses at most the record
+    being written and never leaves a torn line behind a complete one. A write the disk has no room
+    for is cut back off the file (the file ends with the record before it) and raises DiskFull."""
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (held open for the run)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)  # unbuffered: nothing held back
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record, allow_nan=True) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        line = memoryview((json.dumps(record, allow_nan=True) + "\n").encode())
+        start = os.fstat(self._fd).st_size
+        what = (f"its {record.get('kind')} record of step {record.get('step', 0)} was not written (the file ends "
+                "with the record before it)")
+        with naming_a_full_disk(self.path, what, self.path.parent):
+            try:
+                while line:
+                    line = line[os.write(self._fd, line):]
+                os.fsync(self._fd)
+            except OSError:
+                os.ftruncate(self._fd, start)  # no torn line: the next writer appends after a complete one
+                raise
 
     def close(self) -> None:
-        self._file.close()
+        os.close(self._fd)
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -84,10 +97,16 @@ def truncate_after_step(path: str | os.PathLike[str], step: int) -> int:
     kept = [r for r in records if r.get("kind") not in STEP_KINDS or r.get("step", 0) < step
             or (r.get("step", 0) == step and step > 0)]
     tmp = path.with_suffix(".jsonl.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in kept:
-            f.write(json.dumps(r, allow_nan=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    what = f"its records past step {step} could not be dropped (the file is unchanged)"
+    with naming_a_full_disk(path, what, path.parent):
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                for r in kept:
+                    f.write(json.dumps(r, allow_nan=True) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
     os.replace(tmp, path)
     return len(records) - len(kept)

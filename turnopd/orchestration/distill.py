@@ -36,6 +36,7 @@ from turnopd.analysis.plot import plot_run
 from turnopd.config import RunConfig, to_yaml
 from turnopd.core import checkpoint as ckpt
 from turnopd.core.distributed import barrier, gather_objects, rank_and_world
+from turnopd.core.faults import naming_a_full_disk
 from turnopd.core.ledger import Ledger
 from turnopd.core.methods import method_of
 from turnopd.core.metrics import MetricsWriter, truncate_after_step
@@ -75,8 +76,9 @@ class RunLog:
         self.writer, self.trackers = None, []
         if not self.is_main:
             return
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        with naming_a_full_disk(run_dir / "config.yaml", "the run's config.yaml was not written", run_dir):
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "config.yaml").write_text(to_yaml(cfg))
         self.writer = MetricsWriter(run_dir / "metrics.jsonl")
         self.writer.write({"kind": "start", "name": cfg.name, "method": method_of(dataclasses.asdict(cfg)),
                            "seed": cfg.seed, "total_steps": cfg.trainer.steps, "resumed_from_step": start_step,
@@ -247,13 +249,6 @@ def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: Dept
     }
 
 
-def replica_stats(teachers: dict[str, Teacher]) -> dict[str, Any]:
-    """Per teacher served by replicas (vllm_server), each replica's requests, failures and latency
-    since the last step; the scoring done in this process (the generator process's is its own)."""
-    unique = {id(t): t for t in teachers.values()}.values()
-    return {t.name: t.take_replica_stats() for t in unique if hasattr(t, "take_replica_stats")}
-
-
 def train(run: Run) -> dict[str, Any]:
     """The loop: evaluations at the start, then per step plan, take the scored trajectories, update the
     depth controller from probes, train, sync weights, log; evaluate and checkpoint on schedule."""
@@ -302,7 +297,7 @@ def train(run: Run) -> dict[str, Any]:
 
             done = step + 1
             record = step_record(done, ledger, ledger.end_step(), depth, plan, bool(probe_kl), alpha, result,
-                                 episodes, rollouts.stats(), replica_stats(run.teachers))
+                                 episodes, rollouts.stats(), rollouts.take_replica_stats())
             log.train(record)
             progress.update(record)
 

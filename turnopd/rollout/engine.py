@@ -30,6 +30,7 @@ from typing import Any
 
 from envs.base import EnvSpec, PromptContext
 from turnopd.config import EnvConfig
+from turnopd.core.faults import failpoint
 from turnopd.core.types import Trajectory, Turn
 from turnopd.rollout.base import Policy, SamplingParams, request_seed
 from turnopd.rollout.completion import check_prompt_lengths
@@ -105,6 +106,7 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
         # at max_turns the env's own turn limit ended it (not a truncation).
         trajectory.truncated = depth < env_config.max_turns
         pool.end([slot])
+    failpoint("rollout.episode_done")
     return trajectory
 
 

@@ -34,6 +34,7 @@ from turnopd.algorithm.objective import (
 )
 from turnopd.config import FamiliarityConfig, LossConfig, ObjectiveConfig, TrainerConfig
 from turnopd.core.distributed import gather_objects
+from turnopd.core.faults import failpoint
 from turnopd.core.types import TokenBatch
 from turnopd.engines.hf_models import resolve_dtype
 from turnopd.engines.lora import is_adapter_model
@@ -230,6 +231,7 @@ class Trainer:
             tally.padding += mb.num_padding
             tally.tokens += mb.num_tokens
         lr = float(self.engine.get_lr()[0])
+        failpoint("trainer.optimizer_step")
         applied, grad_norm = self._optimizer_step()
         self.steps_taken += 1
         self.bad_streak = 0 if applied else self.bad_streak + 1

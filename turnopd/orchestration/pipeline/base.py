@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from torch import nn
 
@@ -34,12 +34,16 @@ class Rollouts(Protocol):
                                (asynchronous modes start generating it now)
     publish(weights, version)  new student weights after an optimizer step
     stats()                    PipelineStats of the batch `take` returned last
+    take_replica_stats()       per teacher served by replicas, each replica's requests, failures,
+                               up and mean latency since the last call, wherever the scoring ran
+                               (teachers.replica_stats)
     """
 
     def take(self, plan: BatchPlan) -> list[Trajectory]: ...
     def prepare(self, plan: BatchPlan) -> None: ...
     def publish(self, weights: nn.Module, version: int) -> None: ...
     def stats(self) -> PipelineStats: ...
+    def take_replica_stats(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ import torch.multiprocessing as torch_mp
 from torch import nn
 
 from envs.pool import EnvPool
-from teachers import make_teachers
+from teachers import make_teachers, merge_replica_stats, replica_stats
 from turnopd.algorithm.budget import DepthSchedule
 from turnopd.config import RunConfig
 from turnopd.core.distributed import rank_and_world
@@ -73,13 +73,15 @@ class Request:
 
 @dataclass
 class Produced:
-    """A request's scored trajectories, and the generator's own phases (startup, idle, weight_sync)
-    and busy seconds per resource (generation, env, teacher) since its previous answer."""
+    """A request's scored trajectories, and the generator's own phases (startup, idle, weight_sync),
+    busy seconds per resource (generation, env, teacher) and teacher replica stats since its
+    previous answer."""
 
     request_id: int
     trajectories: list[Trajectory]
     phases: dict[str, float]
     busy: dict[str, float]
+    teacher_replicas: dict[str, Any]
 
 
 @dataclass
@@ -180,7 +182,8 @@ async def _serve(cfg: RunConfig, setup: Setup, weights: SharedWeights, cap: Any,
             phases = ledger.end_step()  # the generator's startup, if this is its first answer
             busy = dict(ledger.last_busy)
             phases["idle"] = max(0.0, ledger.last_step_time_s - busy.pop("answering", 0.0))
-            results.send(Produced(request.id, trajectories, {**phases, **weights.take_load_seconds()}, busy))
+            results.send(Produced(request.id, trajectories, {**phases, **weights.take_load_seconds()}, busy,
+                                  replica_stats(teachers)))
         except (PeerGone, BrokenPipeError, asyncio.CancelledError):
             return  # the run is over, or the training process is gone: nobody to answer
         except Exception:
@@ -274,6 +277,7 @@ class GeneratorRollouts:
         self.restarts = 0
         self._next_id = 0
         self._stats = PipelineStats(self.mode)
+        self._replica_stats: dict[str, Any] = {}  # the generator's, since the last take_replica_stats
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         # One core each on a 2-core machine: the generator takes half the threads, the trainer the rest.
         self._threads_before = torch.get_num_threads()
@@ -333,6 +337,10 @@ class GeneratorRollouts:
 
     def stats(self) -> PipelineStats:
         return self._stats
+
+    def take_replica_stats(self) -> dict[str, Any]:
+        taken, self._replica_stats = self._replica_stats, {}
+        return taken
 
     def close(self) -> None:
         self.stop.value = True
@@ -412,6 +420,7 @@ class GeneratorRollouts:
                 self._restart()
             return
         self.ledger.add_generator(message.phases, message.busy)
+        self._replica_stats = merge_replica_stats(self._replica_stats, message.teacher_replicas)
         request = self.pending.pop(message.request_id)
         if request.wave:
             self.fifo.extend(message.trajectories)

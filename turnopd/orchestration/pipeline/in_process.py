@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 
 from envs.pool import EnvPool
-from teachers import Teacher
+from teachers import Teacher, replica_stats
 from turnopd.config import RunConfig
 from turnopd.core.ledger import Ledger
 from turnopd.core.types import Trajectory
@@ -42,6 +42,9 @@ class InProcessRollouts:
 
     def stats(self) -> PipelineStats:
         return self._stats
+
+    def take_replica_stats(self) -> dict[str, Any]:
+        return replica_stats(self.teachers)
 
 
 @contextmanager
