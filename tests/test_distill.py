@@ -84,13 +84,17 @@ def _train_records(run_dir: Path) -> list[dict]:
     return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
 
 
-def _kill_at_checkpoint(run: subprocess.Popen, run_dir: Path, step: int) -> None:
-    """SIGKILL the run's process group as soon as checkpoint `step` exists (while the next step runs)."""
-    checkpoint = run_dir / "checkpoints" / f"step_{step:06d}"
+def _wait_for(run: subprocess.Popen, checkpoint: Path) -> None:
+    """Until `checkpoint` exists; the run must still be running (at most 900 s)."""
     deadline = time.time() + 900
     while not checkpoint.exists():
-        assert run.poll() is None and time.time() < deadline, f"run ended before checkpoint {step}"
-        time.sleep(0.2)
+        assert run.poll() is None and time.time() < deadline, f"run ended before {checkpoint.name}"
+        time.sleep(0.05)
+
+
+def _kill_at_checkpoint(run: subprocess.Popen, run_dir: Path, step: int) -> None:
+    """SIGKILL the run's process group as soon as checkpoint `step` exists (while the next step runs)."""
+    _wait_for(run, run_dir / "checkpoints" / f"step_{step:06d}")
     os.killpg(run.pid, signal.SIGKILL)
     run.wait()
 
@@ -172,33 +176,33 @@ def test_sigkill_at_each_failpoint_then_resume_loses_nothing(models, uninterrupt
     the uninterrupted run's steps and losses."""
     run = models / "runs" / "failpoints"
 
-    def launch(failpoint: str | None, *resume: str) -> subprocess.Popen:
+    def launch(failpoint: str | None, *resume: str) -> int:
+        """The run's exit code (-9 when the failpoint killed it); its output is printed for a failure's report."""
         proc = _distill(models, "name=failpoints", *resume, start_new_session=True,
                         env_extra={"TURNOPD_FAILPOINTS": failpoint} if failpoint else {})
-        proc.communicate(timeout=900)
-        return proc
+        print(proc.communicate(timeout=900)[0][-3000:])
+        return proc.returncode
 
     # the eval at step 0 plays 1 episode, step 1 two: the 4th is the first to end in step 2's rollout
-    assert launch("rollout.episode_done@4=kill").returncode == -signal.SIGKILL
+    assert launch("rollout.episode_done@4=kill") == -signal.SIGKILL
     assert [r["step"] for r in _train_records(run)] == [1] and _checkpoints(run) == ["step_000001"]
 
     # resumed at 1: step 2 trains and is checkpointed, step 3 dies with its gradients accumulated
-    assert launch("trainer.optimizer_step@2=kill", "--resume", str(run)).returncode == -signal.SIGKILL
+    assert launch("trainer.optimizer_step@2=kill", "--resume", str(run)) == -signal.SIGKILL
     assert [r["step"] for r in _train_records(run)] == [1, 2]
     assert _checkpoints(run) == ["step_000001", "step_000002"]
 
     # resumed at 2: step 3's record is written, its checkpoint dies with the trainer's files written
-    assert launch("checkpoint.files_written=kill", "--resume", str(run)).returncode == -signal.SIGKILL
+    assert launch("checkpoint.files_written=kill", "--resume", str(run)) == -signal.SIGKILL
     assert [r["step"] for r in _train_records(run)] == [1, 2, 3]
     assert _checkpoints(run) == [".tmp-step_000003", "step_000001", "step_000002"]
 
     # resumed at 2 again (step 3's record dropped): checkpoint 3 complete in its temporary folder, not renamed
-    assert launch("checkpoint.before_rename=kill", "--resume", str(run)).returncode == -signal.SIGKILL
+    assert launch("checkpoint.before_rename=kill", "--resume", str(run)) == -signal.SIGKILL
     assert (run / "checkpoints" / ".tmp-step_000003" / "loop_state.json").is_file()
     assert [p.name for p in list_checkpoints(run)] == ["step_000001", "step_000002"]
 
-    last = launch(None, "--resume", str(run))
-    assert last.returncode == 0
+    assert launch(None, "--resume", str(run)) == 0
     _assert_same_steps(run, _train_records(uninterrupted[0]))
     assert _checkpoints(run) == [f"step_{k:06d}" for k in (1, 2, 3, 4)]  # the leftovers removed
     starts = [r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "start"]
@@ -207,10 +211,7 @@ def test_sigkill_at_each_failpoint_then_resume_loses_nothing(models, uninterrupt
 
 def _fill_when(run: subprocess.Popen, checkpoint: Path, disk: Path, leave_bytes: int) -> Path:
     """Once `checkpoint` exists: stop the run (SIGSTOP), fill its disk to `leave_bytes` free, let it go on."""
-    deadline = time.time() + 900
-    while not checkpoint.exists():
-        assert run.poll() is None and time.time() < deadline, f"run ended before {checkpoint.name}"
-        time.sleep(0.05)
+    _wait_for(run, checkpoint)
     os.kill(run.pid, signal.SIGSTOP)
     try:
         return fill(disk, leave_bytes)
