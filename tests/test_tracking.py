@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -106,11 +107,24 @@ def wandb_records(path: Path) -> list[Any]:
     return records
 
 
-def wandb_history(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
-    """History rows, config and run ids of every offline run under run_dir/wandb."""
+def finished_wandb_logs(run_dir: Path, runs: int, timeout_s: float = 30.0) -> list[list[Any]]:
+    """The records of the `runs` offline runs under run_dir/wandb, oldest first, once each log ends
+    with its exit record: wandb-core writes the log in a process of its own, and run.finish() may
+    return before the newest log is complete on disk."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        logs = [wandb_records(log) for log in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))]
+        if len(logs) == runs and all(log and log[-1].WhichOneof("record_type") == "exit" for log in logs):
+            return logs
+        assert time.monotonic() < deadline, f"{runs} finished wandb offline runs expected, found {len(logs)}"
+        time.sleep(0.1)
+
+
+def wandb_history(run_dir: Path, runs: int = 1) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
+    """History rows, config and run ids of the `runs` offline runs under run_dir/wandb."""
     rows, config, ids = [], {}, []
-    for log in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb")):
-        for record in wandb_records(log):
+    for log in finished_wandb_logs(run_dir, runs):
+        for record in log:
             kind = record.WhichOneof("record_type")
             if kind == "history":
                 rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
@@ -177,7 +191,7 @@ def test_wandb_without_credentials_writes_an_offline_run_that_resumes(tmp_path, 
     resumed = TRACKERS.get("wandb")(TrackedRun(tmp_path, "tracked", CONFIG, 3))
     resumed.log_record(train_record(4), 4)
     resumed.close()
-    rows, _, ids = wandb_history(tmp_path)
+    rows, _, ids = wandb_history(tmp_path, runs=2)
     assert ids == [run_id, run_id]  # the same run, continued
     assert wandb_series(rows, "train/loss") == pytest.approx({**LOSS, 4: 0.25})
 
