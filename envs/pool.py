@@ -13,6 +13,10 @@ info={"env_error": ...})`): the ones in flight at once, the others at their next
 exception raised by an env ends only that episode, the same way. A thread of the pool's process
 reads the workers' answers and watches for crashes and hangs.
 
+`step_latency_s` adds a fixed wait to every reset and step, inside the worker, so that a fast local
+env stands in for a costly one (a remote web or code sandbox that takes seconds per step and keeps
+its machine busy meanwhile): the worker serves nothing else while it waits, as one sandbox would.
+
 Workers are started with the "spawn" method: they import only the env code (and whatever the main
 script imports at top level), not the trainer's torch, and nothing inherited from a threaded parent.
 """
@@ -40,7 +44,7 @@ def env_error(message: str) -> StepOutcome:
     return StepOutcome(observation="", done=True, won=False, info={"env_error": message})
 
 
-def _worker(conn: Connection, spec: EnvSpec) -> None:
+def _worker(conn: Connection, spec: EnvSpec, step_latency_s: float = 0.0) -> None:
     """Worker loop: ("reset", [(slot, task_id)]) / ("step", [(slot, action)]) answer one (slot,
     outcome) message per item as soon as that item is done; ("end", [slot]) closes those slots'
     games (an episode the caller stops early); ("close", None) ends the worker. A slot's game is also
@@ -57,6 +61,8 @@ def _worker(conn: Connection, spec: EnvSpec) -> None:
                     envs[slot].close()
             continue
         for slot, arg in items:
+            if step_latency_s:
+                time.sleep(step_latency_s)
             try:
                 if command == "reset":
                     if slot not in envs:
@@ -74,12 +80,17 @@ def _worker(conn: Connection, spec: EnvSpec) -> None:
 
 
 class EnvPool:
-    def __init__(self, spec: EnvSpec, num_workers: int = 2, step_timeout_s: float = 60.0):
+    def __init__(self, spec: EnvSpec, num_workers: int = 2, step_timeout_s: float = 60.0,
+                 step_latency_s: float = 0.0):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if step_timeout_s <= 0:
             raise ValueError(f"step_timeout_s must be > 0, got {step_timeout_s}")
+        if not 0 <= step_latency_s < step_timeout_s:
+            raise ValueError(f"step_latency_s must be in [0, step_timeout_s = {step_timeout_s:g}), "
+                             f"got {step_latency_s}")
         self.spec = spec
+        self.step_latency_s = step_latency_s
         self.num_workers = num_workers
         self.step_timeout_s = step_timeout_s
         self.restarts = 0  # workers restarted after a crash or hang, over the pool's life
@@ -100,8 +111,9 @@ class EnvPool:
 
     @classmethod
     def for_config(cls, spec: EnvSpec, env_config: Any) -> EnvPool:
-        """The pool a recipe's `env` block sizes (env.num_workers, env.step_timeout_s)."""
-        return cls(spec, env_config.num_workers, env_config.step_timeout_s)
+        """The pool a recipe's `env` block sizes (env.num_workers, env.step_timeout_s,
+        env.step_latency_s)."""
+        return cls(spec, env_config.num_workers, env_config.step_timeout_s, env_config.step_latency_s)
 
     # ---- public API ---------------------------------------------------------------------------
 
@@ -268,7 +280,7 @@ class EnvPool:
 
     def _start(self, w: int) -> None:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker, args=(child, self.spec), daemon=True,
+        proc = self._ctx.Process(target=_worker, args=(child, self.spec, self.step_latency_s), daemon=True,
                                  name=f"{self.spec.name}-env-{w}")
         proc.start()
         child.close()  # so that the worker's death reads as EOF here

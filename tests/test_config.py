@@ -45,6 +45,8 @@ def test_defaults_compose_in_order_then_overrides(recipes):
     (["env.name=minecraft"], "recipe key 'env.name': 'minecraft' is not allowed; allowed: alfworld"),
     (["depth.mode=fixed"], "depth.mode=fixed needs 1 <= fixed_cap <= h_max=50"),
     (["depth.h_max=60"], "'depth.h_max'=60 exceeds 'env.max_turns'=50"),
+    (["env.step_latency_s=-1"], "recipe key 'env.step_latency_s': -1.0 is out of range [0.0, inf]"),
+    (["env.step_latency_s=60"], "'env.step_latency_s'=60.0 must be below 'env.step_timeout_s'=60.0"),
     (["loss.mode=constant"], "loss.mode=constant needs constant_k > 0"),
     (["env.name=webshop", "depth.h_max=15", "env.max_turns=15"], "no teacher for env 'webshop'"),
     (["trainer.steps"], "overrides must be key=value"),

@@ -69,6 +69,9 @@ class EnvConfig:
     invalid_action_penalty: float = 0.0
     num_workers: int = field(default=2, metadata=_range(1))
     step_timeout_s: float = field(default=60.0, metadata=_range(0.1))
+    # a fixed wait per real reset and step, in the env worker: a fast env standing in for a costly
+    # one (a remote sandbox); 0 for the env as it is
+    step_latency_s: float = field(default=0.0, metadata=_range(0.0))
     task_types: list[str] = field(default_factory=list)  # empty: all task types of the split
     max_tasks: int | None = None  # first N tasks of the split (after task_types), None: all
     options: dict[str, Any] = field(default_factory=dict)  # env-specific settings
@@ -316,6 +319,9 @@ def check_consistency(cfg: RunConfig) -> None:
     if d.probe_fraction is not None and round(d.probe_fraction * cfg.trainer.episodes_per_step) < 1:
         raise RecipeError(f"recipe key 'depth.probe_fraction': {d.probe_fraction} of trainer.episodes_per_step="
                           f"{cfg.trainer.episodes_per_step} rounds to no probe a step; raise it or the episodes")
+    if cfg.env.step_latency_s >= cfg.env.step_timeout_s:
+        raise RecipeError(f"recipe key 'env.step_latency_s'={cfg.env.step_latency_s} must be below "
+                          f"'env.step_timeout_s'={cfg.env.step_timeout_s}: every step would time out")
     if d.h_max > cfg.env.max_turns:
         raise RecipeError(f"recipe key 'depth.h_max'={d.h_max} exceeds 'env.max_turns'={cfg.env.max_turns}")
     if cfg.loss.mode == "constant" and (cfg.loss.constant_k is None or cfg.loss.constant_k <= 0):

@@ -165,11 +165,35 @@ def test_a_hanging_worker_times_out() -> None:
         assert pool.reset(["d", "e"])[1].observation == "start e"
 
 
+def test_step_latency_holds_each_worker_for_every_request() -> None:
+    # 0.4 s a request. Two workers, four slots (two per worker): a reset or step of all four takes
+    # 2 requests x 0.4 s = 0.8 s per worker, the workers waiting side by side (a sandbox each).
+    # Without the latency the scripted env answers in milliseconds.
+    latency = 0.4
+    with EnvPool(ScriptedSpec(), num_workers=2, step_timeout_s=30, step_latency_s=latency) as pool:
+        pool.reset(["a", "b", "c", "d"])
+        start = time.monotonic()
+        out = pool.step({0: "go", 1: "go", 2: "go", 3: "finish"})
+        elapsed = time.monotonic() - start
+        assert out[3].won and out[0].observation == "a step 1: go"
+        assert 2 * latency <= elapsed < 4 * latency  # side by side: not 4 x 0.4 s one after another
+        start = time.monotonic()
+        pool.step({0: "go"})
+        assert latency <= time.monotonic() - start < 2 * latency
+    with EnvPool(ScriptedSpec(), num_workers=2, step_timeout_s=30) as pool:
+        pool.reset(["a", "b", "c", "d"])
+        start = time.monotonic()
+        pool.step({0: "go", 1: "go", 2: "go", 3: "go"})
+        assert time.monotonic() - start < latency
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="num_workers must be >= 1, got 0"):
         EnvPool(ScriptedSpec(), num_workers=0)
     with pytest.raises(ValueError, match="step_timeout_s must be > 0"):
         EnvPool(ScriptedSpec(), num_workers=1, step_timeout_s=0)
+    with pytest.raises(ValueError, match=r"step_latency_s must be in \[0, step_timeout_s = 5\), got 5"):
+        EnvPool(ScriptedSpec(), num_workers=1, step_timeout_s=5, step_latency_s=5)
 
 
 @pytest.mark.slow

@@ -129,7 +129,7 @@ def expert(args: argparse.Namespace) -> int:
     turns: dict[str, list[int]] = defaultdict(list)
     start = time.perf_counter()
     progress = progress_bar(f"{spec.name} expert", "won {task.fields[won]}")
-    with progress, EnvPool(spec, workers, config.step_timeout_s) as pool:
+    with progress, EnvPool(spec, workers, config.step_timeout_s, config.step_latency_s) as pool:
         bar = progress.add_task("episodes", total=len(tasks), won=0)
         for demo in play_experts(spec, pool, tasks, config.max_turns):
             won[demo.task_type].append(demo.won)
@@ -151,7 +151,8 @@ def expert(args: argparse.Namespace) -> int:
     console.print(table)
     played = sum(len(v) for v in won.values())
     console.print(f"{played}/{len(tasks)} episodes played ({len(tasks) - played} failed by the env, "
-                  f"{restarts} worker restarts) in {elapsed:.0f} s with {workers} workers")
+                  f"{restarts} worker restarts) in {elapsed:.0f} s with {workers} workers"
+                  + (f", {config.step_latency_s:g} s simulated latency a request" if config.step_latency_s else ""))
     return 0
 
 

@@ -1,0 +1,100 @@
+"""Hand-worked checks of the world-model corrections in turnopd.algorithm.world_model."""
+
+import math
+import random
+
+import pytest
+
+from turnopd.algorithm.world_model import (
+    debiased_mean,
+    inverse_variance_weights,
+    sample_disagreement,
+    trajectory_variance,
+)
+
+# ------------------------------------------------------------------------- Online Debiasing
+
+
+def test_debiased_mean_subtracts_the_bias_measured_on_real_episodes():
+    # model episodes f = 1,0,1,1 (mean 3/4); real pairs (y, f) = (1, 1), (0, 1): residuals 0, 1,
+    # bias 1/2, so mu = 3/4 - 1/2 = 1/4.
+    # Var(f) = ((1/4)^2 * 3 + (3/4)^2) / 3 = 1/4; Var(residual) = (1/4 + 1/4) / 1 = 1/2
+    # se = sqrt(1/4 / 4 + 1/2 / 2) = sqrt(5/16)
+    result = debiased_mean([1, 0, 1, 1], real_outcomes=[1, 0], real_predictions=[1, 1])
+    assert result.bias == 0.5
+    assert result.estimate == 0.25
+    assert result.stderr == pytest.approx(math.sqrt(5 / 16))
+
+
+def test_debiased_mean_is_clipped_to_the_signal_range():
+    # the model says 1 on both model episodes and under-predicted the real one by 1: 1 - (-1) = 2
+    result = debiased_mean([1, 1], real_outcomes=[1], real_predictions=[0])
+    assert result.bias == -1.0
+    assert result.estimate == 1.0
+
+
+def test_debiased_mean_with_only_real_episodes_is_their_mean():
+    # y = 1, 0, 1: mean 2/3, se = sqrt(Var / n) = sqrt((1/3) / 3) = 1/3; the predictions only bias
+    result = debiased_mean([], real_outcomes=[1, 0, 1], real_predictions=[0, 0, 0])
+    assert result.estimate == pytest.approx(2 / 3)
+    assert result.stderr == pytest.approx(1 / 3)
+    assert result.bias == pytest.approx(-2 / 3)
+
+
+def test_debiased_mean_removes_an_optimistic_models_bias_on_average():
+    # true success 0.4; the model calls every success and half the failures a win (mean 0.7).
+    # With 2 real episodes in 10, the debiased mean over many steps averages 0.4, the raw one 0.7.
+    rng = random.Random(0)
+
+    def episode():
+        won = rng.random() < 0.4
+        return float(won), float(won or rng.random() < 0.5)
+
+    raw, debiased = [], []
+    for _ in range(4000):
+        model = [episode()[1] for _ in range(8)]
+        real = [episode() for _ in range(2)]
+        raw.append(sum(model) / 8)
+        result = debiased_mean(model, [y for y, _ in real], [f for _, f in real],
+                               low=-math.inf, high=math.inf)  # clipping would bias the mean
+        debiased.append(result.estimate)
+    assert sum(raw) / len(raw) == pytest.approx(0.7, abs=0.01)
+    assert sum(debiased) / len(debiased) == pytest.approx(0.4, abs=0.015)
+
+
+def test_debiased_mean_refuses_unpaired_or_missing_real_episodes():
+    with pytest.raises(ValueError, match="pair one to one"):
+        debiased_mean([1], real_outcomes=[1, 0], real_predictions=[1])
+    with pytest.raises(ValueError, match="real_fraction"):
+        debiased_mean([1], real_outcomes=[], real_predictions=[])
+
+# ----------------------------------------------------------------- Inverse-Variance Denoising
+
+
+def test_sample_disagreement_is_one_minus_the_modal_share():
+    assert sample_disagreement(["a", "a", "b", "c"]) == 0.5   # 1 - 2/4
+    assert sample_disagreement(["a", "a", "a"]) == 0.0
+    assert sample_disagreement(["a", "b", "c"]) == pytest.approx(2 / 3)
+    with pytest.raises(ValueError):
+        sample_disagreement([])
+
+
+def test_trajectory_variance_is_the_chance_of_leaving_the_modal_path():
+    assert trajectory_variance([0.5, 0.5]) == 0.75   # 1 - (1/2)(1/2)
+    assert trajectory_variance([0.2]) == pytest.approx(0.2)
+    assert trajectory_variance([]) == 0.0             # a real-env trajectory
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        trajectory_variance([1.5])
+
+
+def test_inverse_variance_weights_hand_worked():
+    # eps = 0.1: precisions 1/0.1, 1/0.2, 1/0.4 = 10, 5, 2.5; mean 17.5/3; w = p / mean
+    weights = inverse_variance_weights([0.0, 0.1, 0.3], variance_floor=0.1)
+    assert weights == pytest.approx([10 * 3 / 17.5, 5 * 3 / 17.5, 2.5 * 3 / 17.5])
+    assert sum(weights) / 3 == pytest.approx(1.0)
+    # a trajectory at sigma^2 = eps weighs half of a certain one
+    certain, at_floor = inverse_variance_weights([0.0, 0.05], variance_floor=0.05)
+    assert certain == pytest.approx(2 * at_floor)
+    assert inverse_variance_weights([0.2, 0.2], variance_floor=0.1) == pytest.approx([1.0, 1.0])
+    with pytest.raises(ValueError, match="variance_floor"):
+        inverse_variance_weights([0.1], variance_floor=0.0)
