@@ -16,6 +16,9 @@ final sampled Avg@4 at the rollouts' temperature):
   vanilla_opd, turnopd, turnopd_continuous.
 - familiarity: headroom's settings; turnopd against turnopd with a familiarity weight and gate on
   the teacher's action entropy (recipes/methods/turnopd_familiarity_*.yaml, turnopd.algorithm.familiarity).
+- world_model: turnopd against turnopd_world_model (recipes/methods/turnopd_world_model.yaml; the
+  world model of recipes/alfworld/world_model.yaml, built first when missing) at 0 and 0.25 s of
+  simulated latency per real env request, 8 steps, held-out Avg@1 at the end.
 - relabelled_teacher: headroom's settings, turnopd from the SFT teacher (sweep expert_teacher) and
   from the teacher made familiar with the student's states (sweep relabelled_teacher:
   recipes/alfworld/teacher_dagger.yaml, built on first use), same seeds, then one frontier of both.
@@ -38,6 +41,8 @@ from pathlib import Path
 
 from turnopd.orchestration.sweep import run_state
 
+WORLD_MODEL = "runs/world_models/alfworld"  # recipes/alfworld/world_model.yaml's output_dir, which
+# recipes/methods/*_world_model.yaml name (built first when missing)
 COMMON = ["eval.every=8", "eval.final_k=4", "eval.temperature=0.5", "eval.teacher=true", "checkpoint.every=8",
           "tracking=[]"]
 # regime: its sweeps, each (sweep name, methods, overrides); runs are named <sweep>-<method>-s<seed>
@@ -46,6 +51,12 @@ REGIMES = {
     "familiarity": [("familiarity", "turnopd,turnopd_familiarity_weight,turnopd_familiarity_gate", [])],
     "relabelled_teacher": [("expert_teacher", "turnopd", []),
                            ("relabelled_teacher", "turnopd", ["teachers.alfworld=teachers/alfworld/teacher_dagger.yaml"])],
+    # world-model rollouts (turnopd.rollout.world_model) against real ones, at no added env latency and at
+    # 0.25 s a real env request (env.step_latency_s: a stand-in for a remote sandbox); 8 steps, the
+    # held-out greedy Avg@1 at the end only (every evaluation plays the real env, latency included)
+    "world_model": [(f"world_model_latency{latency}", "turnopd,turnopd_world_model", [
+        f"env.step_latency_s={latency}", "trainer.steps=8", "eval.at_start=false", "eval.teacher=false",
+        "eval.final_k=null"]) for latency in ("0", "0.25")],
     "paper": [("paper", "vanilla_opd,turnopd,turnopd_continuous", [
         "student.path=~/.cache/turnopd/models/alfworld-student-sft350",
         "student.prepare_options.overrides=[trainer.steps=350]", "env.max_turns=50", "depth.h_max=50",
@@ -74,6 +85,10 @@ def main() -> int:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides for every run")
     args = p.parse_args()
     start, code = time.perf_counter(), 0
+    if "world_model" in args.regimes.split(",") and not Path(WORLD_MODEL, "world_model.json").is_file():
+        print(f"== building the world model {WORLD_MODEL}", flush=True)
+        code = subprocess.call([sys.executable, "-m", "turnopd.cli", "world-model", "train",
+                                "recipes/alfworld/world_model.yaml"])
     for regime in args.regimes.split(","):
         out_dir = f"{args.out_dir}/{regime}"
         for sweep, methods, overrides in REGIMES[regime]:

@@ -23,8 +23,7 @@ from turnopd.config import EnvConfig
 from turnopd.core.progress import progress_bar
 
 DEMOS_DIR = Path.home() / ".cache" / "turnopd" / "demos"
-
-
+DEMO_FORMAT = 2  # 2: episodes keep their final observation and ending (older caches are played again)
 
 
 @dataclass
@@ -49,6 +48,8 @@ class Demonstration:
     won: bool
     steps: list[DemoStep]
     relabelled: bool = False  # another player's episode, every state labelled by the expert (relabel_episodes)
+    final_observation: str = ""  # the env's answer to the last step (world-model transitions)
+    ended: bool = False  # the env ended the episode (False: it stopped at max_turns, still playing)
 
     @classmethod
     def from_json(cls, line: str) -> Demonstration:
@@ -84,7 +85,7 @@ def demo_cache_path(env_config: EnvConfig, split: str, observation_version: str)
     """One JSON-lines file per (env, split, max_turns, env options, the env spec's observation_version):
     the episodes do not depend on the prompt settings, which are applied when they are rendered."""
     key = json.dumps({"split": split, "max_turns": env_config.max_turns, "options": env_config.options,
-                      "observation": observation_version}, sort_keys=True, default=str)
+                      "observation": observation_version, "format": DEMO_FORMAT}, sort_keys=True, default=str)
     return DEMOS_DIR / env_config.name / f"{split}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.jsonl"
 
 
@@ -125,9 +126,11 @@ def play_experts(spec: EnvSpec, pool: Any, tasks: list[str], max_turns: int,
             outcomes.update(pool.step(actions))
             live = [slot for slot in live if not outcomes[slot].done and turn + 1 < depth[slot]]
         for slot, task in enumerate(chunk):
-            if "env_error" not in outcomes[slot].info:
-                yield Demonstration(task, spec.task_type(task), goals[slot], bool(outcomes[slot].won), steps[slot],
-                                    relabelled=followed is not None)
+            final = outcomes[slot]
+            if "env_error" not in final.info:
+                yield Demonstration(task, spec.task_type(task), goals[slot], bool(final.won), steps[slot],
+                                    relabelled=followed is not None, final_observation=final.observation,
+                                    ended=bool(final.done))
 
 
 def require_relabelling_expert(spec: EnvSpec, task: str) -> None:

@@ -47,6 +47,11 @@ def test_defaults_compose_in_order_then_overrides(recipes):
     (["depth.h_max=60"], "'depth.h_max'=60 exceeds 'env.max_turns'=50"),
     (["env.step_latency_s=-1"], "recipe key 'env.step_latency_s': -1.0 is out of range [0.0, inf]"),
     (["env.step_latency_s=60"], "'env.step_latency_s'=60.0 must be below 'env.step_timeout_s'=60.0"),
+    (["world_model.path=/wm", "pipeline.mode=pool"], "'world_model.path' with pipeline.mode=pool: world-model "
+                                                     "rollouts play in the training process"),
+    (["world_model.path=/wm", "world_model.real_fraction=0"], "'world_model.real_fraction': 0 leaves no real"),
+    (["world_model.real_fraction=1.5"], "recipe key 'world_model.real_fraction': 1.5 is out of range [0.0, 1.0]"),
+    (["world_model.samples=0"], "recipe key 'world_model.samples': 0 is out of range"),
     (["loss.mode=constant"], "loss.mode=constant needs constant_k > 0"),
     (["env.name=webshop", "depth.h_max=15", "env.max_turns=15"], "no teacher for env 'webshop'"),
     (["trainer.steps"], "overrides must be key=value"),

@@ -16,12 +16,14 @@ from turnopd.cli import main
 from turnopd.config import RunConfig, compose
 from turnopd.orchestration.recipe import load_recipe
 from turnopd.orchestration.sft import SFTConfig, load_sft_recipe
+from turnopd.orchestration.world_model import load_world_model_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES_DIR = REPO / "recipes"
 RECIPES = sorted(p for p in RECIPES_DIR.rglob("*.yaml") if p.relative_to(RECIPES_DIR).parts[0] != "methods")
 SFT_RECIPES = [p for p in RECIPES if p.name.startswith("teacher_")]  # teacher_sft.yaml, teacher_dagger.yaml
-DISTILL_RECIPES = [p for p in RECIPES if not p.name.startswith("teacher_")]
+WORLD_MODEL_RECIPES = [p for p in RECIPES if p.name.startswith("world_model")]  # turnopd world-model train
+DISTILL_RECIPES = [p for p in RECIPES if not p.name.startswith(("teacher_", "world_model"))]
 HAS_SFT_RECIPE = "sft_recipe" in {f.name for f in dataclasses.fields(TeacherSpec)}
 
 
@@ -59,7 +61,7 @@ def test_the_recipes_are_found():
     for env in ("alfworld", "webshop", "search"):
         for name in ("base", "turnopd", "vanilla_opd", "tcod"):
             assert f"{env}/gpu/{name}.yaml" in names
-    assert "twx/teacher_sft.yaml" in names
+    assert "twx/teacher_sft.yaml" in names and "alfworld/world_model.yaml" in names
     assert not any(p.startswith("methods/") for p in names)
 
 
@@ -82,6 +84,16 @@ def test_sft_recipes_validate_with_the_sft_loader(recipe, capsys):
     assert isinstance(cfg, SFTConfig)
     assert cfg.output_dir.startswith(f"runs/teachers/{cfg.env.name}")
     assert main(["sft", str(recipe), "--dry-run"]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recipe", WORLD_MODEL_RECIPES, ids=_id)
+def test_world_model_recipes_validate_and_name_a_bad_key(recipe, capsys):
+    cfg = load_world_model_recipe(str(recipe))
+    assert cfg.output_dir.startswith(f"runs/world_models/{cfg.env.name}")
+    assert main(["world-model", "train", str(recipe), "--dry-run"]) == 0, capsys.readouterr().err
+    assert OmegaConf.create(capsys.readouterr().out).data.expert_episodes == cfg.data.expert_episodes
+    assert main(["world-model", "train", str(recipe), "data.held_out_episodes=0"]) == 2
+    assert "recipe key 'data.held_out_episodes': 0 is out of range" in capsys.readouterr().err
 
 
 CPU_RECIPES = [r for r in DISTILL_RECIPES if "gpu" not in r.relative_to(RECIPES_DIR).parts]

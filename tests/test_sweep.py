@@ -75,7 +75,7 @@ def test_plan_builds_one_command_per_method_and_seed():
 
 @pytest.mark.parametrize(("methods", "seeds", "overrides", "message"), [
     (["turnopd", "distilbert"], 1, [], "unknown method.*distilbert; allowed: adaptive_depth_only, fixed_cap, progressive_loss_only, tcod, turnopd, turnopd_continuous, "
-     "turnopd_familiarity_gate, turnopd_familiarity_weight, vanilla_opd"),
+     "turnopd_familiarity_gate, turnopd_familiarity_weight, turnopd_world_model, vanilla_opd, vanilla_opd_world_model"),
     (["turnopd"], 0, [], "--seeds must be at least 1"),
     (["turnopd"], 1, ["seed=3"], "seed=3 would overrule"),
     (["turnopd"], 1, ["depth.mode=full"], "depth.mode=full would overrule"),

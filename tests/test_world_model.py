@@ -1,16 +1,21 @@
-"""Hand-worked checks of the world-model corrections in turnopd.algorithm.world_model."""
+"""Hand-worked checks of the world-model corrections and fidelity measures in
+turnopd.algorithm.world_model, and of the fidelity table built from them."""
 
 import math
 import random
 
 import pytest
 
+from envs.transitions import Transition
 from turnopd.algorithm.world_model import (
     debiased_mean,
+    expected_calibration_error,
     inverse_variance_weights,
     sample_disagreement,
+    token_f1,
     trajectory_variance,
 )
+from turnopd.orchestration.world_model import fidelity_table
 
 # ------------------------------------------------------------------------- Online Debiasing
 
@@ -98,3 +103,63 @@ def test_inverse_variance_weights_hand_worked():
     assert inverse_variance_weights([0.2, 0.2], variance_floor=0.1) == pytest.approx([1.0, 1.0])
     with pytest.raises(ValueError, match="variance_floor"):
         inverse_variance_weights([0.1], variance_floor=0.0)
+
+
+# ------------------------------------------------------------------------- fidelity measures
+
+
+def test_token_f1_counts_shared_words_with_their_multiplicity():
+    # 4 of 5 words shared each way: p = r = 4/5
+    assert token_f1("you see a mug 1", "You see a cup 1") == pytest.approx(0.8)
+    # "a a b" vs "a b b c": shared a once, b once = 2; p = 2/3, r = 2/4, F1 = 2pr/(p+r) = 4/7
+    assert token_f1("a a b", "a b b c") == pytest.approx(4 / 7)
+    assert token_f1("", "") == 1.0
+    assert token_f1("", "x") == 0.0 and token_f1("x", "") == 0.0
+    assert token_f1("x y", "z") == 0.0
+
+
+def test_expected_calibration_error_by_hand():
+    # bins of width 0.1: {0.05: no} |0 - .05|, {0.15: no} .15, {0.85: yes} .15,
+    # {0.95: no, 0.9: yes} |.5 - .925| = .425 twice -> (.05 + .15 + .15 + .85) / 5 = .24
+    probs = [0.05, 0.15, 0.85, 0.95, 0.9]
+    assert expected_calibration_error(probs, [False, False, True, False, True]) == pytest.approx(0.24)
+    # two bins; p = 1 goes into the last: {1.0, .5: yes, yes} |1 - .75| * 2, {.2: no} .2 -> .7 / 3
+    assert expected_calibration_error([1.0, 0.5, 0.2], [True, True, False], bins=2) == pytest.approx(0.7 / 3)
+    assert expected_calibration_error([1.0, 0.0], [True, False]) == 0.0  # sure and right
+
+
+@pytest.mark.parametrize("args, message", [
+    (([0.5], [True, False]), "1 probabilities for 2 labels"),
+    (([], []), "at least one"),
+    (([1.5], [True]), r"in \[0, 1\]"),
+    (([0.5], [True], 0), "bins must be >= 1"),
+])
+def test_expected_calibration_error_refuses_bad_input(args, message):
+    with pytest.raises(ValueError, match=message):
+        expected_calibration_error(*args)
+
+
+def _transition(action, next_observation, won, source="expert"):
+    return Transition(task_id="t", task="goal", first_observation="room", history=(), step=0, observation="o",
+                      action=action, next_observation=next_observation, done=won, won=won, source=source)
+
+
+def test_fidelity_table_by_hand():
+    transitions = [_transition("go to desk 1", "you see a mug 1", won=False),
+                   _transition("use desklamp 1", "You win.", won=True, source="student")]
+    answers = ["continue\nyou see a cup 1", "continue\nYou  win."]  # extra space: still an exact match
+    probs = [{"continue": 0.8, "won": 0.1, "lost": 0.1}, {"continue": 0.6, "won": 0.3, "lost": 0.1}]
+    table = fidelity_table(transitions, answers, probs)
+    assert list(table) == ["all", "source=expert", "source=student", "verb=go", "verb=use"]
+    row = table["all"]
+    assert (row.transitions, row.exact_match, row.status_accuracy) == (2, 0.5, 0.5)
+    assert row.token_f1 == pytest.approx((0.8 + 1.0) / 2)
+    # P(done) = .2 (label no) and .4 (label yes), different bins: (.2 + .6) / 2
+    assert row.done_ece == pytest.approx(0.4)
+    # P(won) = .1 (no) and .3 (yes): (.1 + .7) / 2
+    assert row.won_ece == pytest.approx(0.4)
+    assert table["verb=use"].exact_match == 1.0 and table["verb=use"].status_accuracy == 0.0
+    assert table["verb=go"].token_f1 == pytest.approx(0.8) and table["verb=go"].done_ece is None
+    # an answer without a status line: the status is wrong, the text is still compared
+    unparsed = fidelity_table(transitions[:1], ["you see a mug 1"], probs[:1])["all"]
+    assert unparsed.status_accuracy == 0.0 and unparsed.exact_match == 1.0

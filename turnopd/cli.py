@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "turnopd.commands.teacher",  # teacher serve
     "turnopd.commands.model",  # model prepare
     "turnopd.commands.sft",  # sft
+    "turnopd.commands.world_model",  # world-model train
     "turnopd.commands.new",  # new env | new teacher
 ]
 

@@ -222,6 +222,23 @@ class PipelineConfig:
 
 
 @dataclass
+class WorldModelRolloutConfig:
+    """World-model rollouts (turnopd.rollout.world_model): a model written by `turnopd world-model
+    train` answers the env steps of most training episodes; null `path`: every episode plays the real
+    env. Probes (the depth controller's success and KL) and evaluations always play the real env; of
+    the other episodes a seeded `real_fraction` does too, and the model's verdict on those measures
+    its bias (Online Debiasing of the logged success rate). Each model step samples `samples`
+    answers at `temperature` and plays the first; with samples >= 2 their disagreement sets each
+    trajectory's loss weight (Inverse-Variance Denoising, `variance_floor` its eps)."""
+
+    path: str | None = None
+    real_fraction: float = field(default=0.25, metadata=_range(0.0, 1.0))
+    samples: int = field(default=1, metadata=_range(1))
+    temperature: float = field(default=1.0, metadata=_range(0.0))
+    variance_floor: float = field(default=0.1, metadata=_range(1e-6))
+
+
+@dataclass
 class RunConfig:
     name: str = MISSING
     seed: int = 0
@@ -240,6 +257,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    world_model: WorldModelRolloutConfig = field(default_factory=WorldModelRolloutConfig)
     # experiment trackers beside metrics.jsonl, any of turnopd.core.tracking's (tensorboard, wandb, mlflow)
     tracking: list[str] = field(default_factory=lambda: ["tensorboard"], metadata=_registered("tracker"))
 
@@ -322,6 +340,15 @@ def check_consistency(cfg: RunConfig) -> None:
     if cfg.env.step_latency_s >= cfg.env.step_timeout_s:
         raise RecipeError(f"recipe key 'env.step_latency_s'={cfg.env.step_latency_s} must be below "
                           f"'env.step_timeout_s'={cfg.env.step_timeout_s}: every step would time out")
+    wm = cfg.world_model
+    if wm.path is not None and cfg.pipeline.mode != "sync":
+        raise RecipeError(f"recipe key 'world_model.path' with pipeline.mode={cfg.pipeline.mode}: world-model "
+                          "rollouts play in the training process (pipeline.mode: sync); the generator process "
+                          "of the asynchronous modes does not load the world model")
+    if wm.path is not None and wm.real_fraction == 0:
+        raise RecipeError("recipe key 'world_model.real_fraction': 0 leaves no real training episode to measure "
+                          "the world model's bias on (Online Debiasing); use a share above 0, or world_model.path: "
+                          "null for real rollouts only")
     if d.h_max > cfg.env.max_turns:
         raise RecipeError(f"recipe key 'depth.h_max'={d.h_max} exceeds 'env.max_turns'={cfg.env.max_turns}")
     if cfg.loss.mode == "constant" and (cfg.loss.constant_k is None or cfg.loss.constant_k <= 0):

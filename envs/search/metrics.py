@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import re
 import string
-from collections import Counter
 from collections.abc import Sequence
+
+from turnopd.core.text import bag_of_words_f1
 
 _PUNCTUATION = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -52,11 +53,7 @@ def token_f1(prediction: str, answer: str, rule: str = "squad") -> float:
     predicted_tokens, wanted_tokens = predicted.split(), wanted.split()
     if rule == "musique" and not (predicted_tokens and wanted_tokens):
         return float(predicted_tokens == wanted_tokens)
-    common = sum((Counter(predicted_tokens) & Counter(wanted_tokens)).values())
-    if not common:
-        return 0.0
-    precision, recall = common / len(predicted_tokens), common / len(wanted_tokens)
-    return 2 * precision * recall / (precision + recall)
+    return bag_of_words_f1(predicted_tokens, wanted_tokens)
 
 
 def f1_score(prediction: str, answers: Sequence[str], rule: str = "squad") -> float:

@@ -9,6 +9,9 @@ stay honest:
 2. Inverse-Variance Denoising: a trajectory whose states the model is unsure of is a noisier
    training signal; its token weight is scaled by the inverse of the model's estimated variance
    (from several sampled next observations per turn), normalised to mean 1 so the loss scale holds.
+
+And the fidelity measures of a world model against the real env (`token_f1`,
+`expected_calibration_error`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import math
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+
+from turnopd.core.text import bag_of_words_f1
 
 
 @dataclass(frozen=True)
@@ -114,3 +119,33 @@ def inverse_variance_weights(variances: Sequence[float], variance_floor: float) 
     precisions = [1.0 / (v + variance_floor) for v in variances]
     mean_precision = _mean(precisions)
     return [p / mean_precision for p in precisions]
+
+
+def token_f1(prediction: str, reference: str) -> float:
+    """Bag-of-words F1 of two texts (SQuAD's): with c the count of words they share (each word as
+    often as it is in both, lowercased, split on whitespace), precision p = c / |prediction|,
+    recall r = c / |reference|, F1 = 2pr / (p + r); 1 when both are empty, 0 when one is."""
+    pred, ref = prediction.lower().split(), reference.lower().split()
+    if not pred or not ref:
+        return float(pred == ref)
+    return bag_of_words_f1(pred, ref)
+
+
+def expected_calibration_error(probabilities: Sequence[float], labels: Sequence[bool], bins: int = 10) -> float:
+    """ECE of binary predictions: the examples go into `bins` equal-width bins of predicted
+    probability (bin b holds p in [b/B, (b+1)/B), the last bin includes 1); with n_b examples in bin
+    b, mean predicted probability conf_b and share of true labels freq_b,
+    ECE = sum_b (n_b / N) * |freq_b - conf_b|."""
+    if len(probabilities) != len(labels):
+        raise ValueError(f"{len(probabilities)} probabilities for {len(labels)} labels")
+    if not probabilities:
+        raise ValueError("expected_calibration_error needs at least one prediction")
+    if bins < 1:
+        raise ValueError(f"bins must be >= 1, got {bins}")
+    binned: dict[int, list[tuple[float, bool]]] = {}
+    for p, label in zip(probabilities, labels, strict=True):
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"a probability must be in [0, 1], got {p}")
+        binned.setdefault(min(int(p * bins), bins - 1), []).append((p, bool(label)))
+    return sum(len(items) * abs(_mean([float(y) for _, y in items]) - _mean([p for p, _ in items]))
+               for items in binned.values()) / len(probabilities)

@@ -22,6 +22,11 @@ Record kinds (field "kind"):
   process's startup, idle and weight_sync seconds this step; empty in sync mode},
   pipeline {mode, weight_version (the trainer's), staleness_max, staleness_mean (versions the
   trained trajectories lag it), dropped_stale, queued, generator_restarts} (see turnopd.orchestration.pipeline).
+  With world-model rollouts (recipe key world_model.path): world_model_episodes (this step's that a
+  world model answered; success_rate counts their model-declared wins, env_steps only the real env's
+  turns), world_model_steps (the model's), success_rate_real (the real
+  episodes'), success_rate_debiased and its _stderr, world_model_bias (Online Debiasing, see
+  turnopd.orchestration.distill.world_model_record); busy also holds world_model.
 - "eval": step (optimizer steps done when evaluated), train_time_s (training clock then), split,
   k, avg_at_k (0..1), per_type {task type: avg}, num_tasks, mean_turns, eval_time_s.
   per_task {task id: successes / k} (for intervals paired over tasks).

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+# the turn signal (TokenBatch.turn_signals) that carries a trajectory's world-model loss-weight factor
+WORLD_MODEL_WEIGHT = "world_model_weight"
+
 
 @dataclass
 class Turn:
@@ -51,6 +54,16 @@ class Trajectory:
     is_probe: bool = False  # a full-depth probe rollout for the depth controller
     task_type: str = ""
     env_error: str = ""  # why the env, not the agent, ended this episode (a worker crash or hang, an env exception)
+    goal: str = ""  # the task's goal text, as the env's reset gave it
+    ended: bool = False  # the env ended the episode (won, lost or an env error); False: stopped while playing
+    final_observation: str = ""  # the env's answer to the last turn's action (world-model transitions)
+    # world-model rollouts (turnopd.rollout.world_model): the model answered its steps; per model step the
+    # disagreement of its sampled answers; for a real episode the model's verdict P(won) (Online Debiasing);
+    # the trajectory's loss-weight factor from its variance (Inverse-Variance Denoising; None: 1)
+    world_model: bool = False
+    world_model_disagreements: list[float] = field(default_factory=list)
+    predicted_success: float | None = None
+    world_model_weight: float | None = None
     weight_version: int = 0  # policy weight version that generated it (async pipelines)
 
     @property
@@ -172,8 +185,10 @@ def build_token_batch(trajectories: list[Trajectory]) -> TokenBatch:
                         teacher_lp[p] = turn.teacher_logprobs[j]
                     if turn.teacher_topk_ids is not None and turn.teacher_topk_logprobs is not None:
                         topk_rows.append((p, turn.teacher_topk_ids[j], turn.teacher_topk_logprobs[j]))
-                    if turn.teacher_signals:
-                        signal_rows.append((p, turn.teacher_signals))
+                    signals = turn.teacher_signals if traj.world_model_weight is None else {
+                        **turn.teacher_signals, WORLD_MODEL_WEIGHT: traj.world_model_weight}
+                    if signals:
+                        signal_rows.append((p, signals))
             seq_lens.append(n)
     topk_ids = topk_lp = None
     if topk_rows:
@@ -215,6 +230,8 @@ class EpisodeSummary:
     action_tokens: int
     env_error: str
     scored_tokens: int = 0  # tokens the teacher runs through to score it (trajectory_sequences)
+    world_model: bool = False  # a world model answered its steps
+    predicted_success: float | None = None  # a real episode's world-model verdict (Online Debiasing)
 
     @property
     def failed_by_env(self) -> bool:
@@ -224,7 +241,7 @@ class EpisodeSummary:
     def of(cls, traj: Trajectory) -> EpisodeSummary:
         return cls(traj.task_id, traj.task_type, traj.success, traj.depth, traj.truncated,
                    traj.invalid_actions, traj.num_action_tokens, traj.env_error,
-                   sum(len(seq.ids) for seq in trajectory_sequences(traj)))
+                   sum(len(seq.ids) for seq in trajectory_sequences(traj)), traj.world_model, traj.predicted_success)
 
 
 MAX_ERRORS_SHOWN = 2  # an error message names its game, so one cause can read as many messages

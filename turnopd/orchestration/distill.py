@@ -32,6 +32,7 @@ from envs.pool import EnvPool
 from teachers import Teacher, TeacherSpec, check_tokenizers, make_teachers
 from turnopd.algorithm.budget import DepthSchedule, loss_alpha, make_depth_schedule, probe_statistics
 from turnopd.algorithm.objective import ESTIMATORS, turn_kl_profile
+from turnopd.algorithm.world_model import debiased_mean
 from turnopd.analysis.plot import plot_run
 from turnopd.config import RunConfig, to_yaml
 from turnopd.core import checkpoint as ckpt
@@ -50,6 +51,7 @@ from turnopd.orchestration.preflight import Setup, check_setup, run_dir_for
 from turnopd.orchestration.sft import build_missing_teacher
 from turnopd.rollout import Policy, make_policy
 from turnopd.rollout.eval import EvalResult, avg_at_k, evaluate
+from turnopd.rollout.world_model import open_world_model
 from turnopd.trainer import Trainer
 from turnopd.trainer.engine import init_process_group
 
@@ -184,7 +186,8 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> Run:
     in_process = ESTIMATORS.get(cfg.objective.estimator).needs_teacher_model
     trainer = Trainer(student, cfg.trainer, cfg.objective, cfg.loss, cfg.trainer.steps,
                       teacher_model=teachers[cfg.env.name].model if in_process else None,
-                      familiarity_cfg=cfg.familiarity)
+                      familiarity_cfg=cfg.familiarity,
+                      world_model_weights=cfg.world_model.path is not None and cfg.world_model.samples >= 2)
     policy = make_policy(cfg.policy, trainer.module, tokenizer=tokenizer, seed=cfg.seed)
     depth = make_depth_schedule(cfg.depth)
 
@@ -239,14 +242,37 @@ def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: Dept
         "turn_signal_profiles": {name: turn_kl_profile(turns) for name, turns in train["turn_signals"].items()},
         "familiarity_kept_share": train["familiarity_kept_share"],
         "tokens_generated": sum(e.action_tokens for e in episodes), "tokens_scored": sum(e.scored_tokens for e in episodes),
-        "tokens_trained": train["tokens_trained"], "env_steps": turns,
+        "tokens_trained": train["tokens_trained"],
+        "env_steps": sum(e.depth for e in episodes if not e.world_model),  # a world model's are not the env's
         "episodes": len(episodes), "mean_turns": turns / len(episodes),
         "success_rate": sum(e.success for e in episodes) / len(episodes),
         "truncated_rate": sum(e.truncated for e in episodes) / len(episodes),
         "invalid_action_rate": sum(e.invalid_actions for e in episodes) / max(turns, 1),
         "env_failures": sum(e.failed_by_env for e in episodes), "env_errors": env_errors(episodes),
         "teacher_replicas": teacher_replicas,
+        **(world_model_record(episodes) if any(e.world_model or e.predicted_success is not None for e in episodes)
+           else {}),
     }
+
+
+def world_model_record(episodes: list[EpisodeSummary]) -> dict[str, Any]:
+    """A world-model run's success signals: the step's success rate (success_rate, above) mixes the
+    model's verdicts on its own episodes with real outcomes; success_rate_real is the real episodes'
+    alone, success_rate_debiased the model episodes' corrected by the bias measured on the real
+    ones (Online Debiasing: the model's verdict on each real episode against its outcome)."""
+    played = [e for e in episodes if not e.env_error]
+    model = [float(e.success) for e in played if e.world_model]
+    real = [e for e in played if not e.world_model and e.predicted_success is not None]
+    record: dict[str, Any] = {"world_model_episodes": sum(e.world_model for e in episodes),
+                              "world_model_steps": sum(e.depth for e in episodes if e.world_model),
+                              "success_rate_real": sum(e.success for e in real) / len(real) if real else None,
+                              "success_rate_debiased": None, "success_rate_debiased_stderr": None,
+                              "world_model_bias": None}
+    if real:
+        debiased = debiased_mean(model, [float(e.success) for e in real], [e.predicted_success for e in real])
+        record.update(success_rate_debiased=debiased.estimate, success_rate_debiased_stderr=debiased.stderr,
+                      world_model_bias=debiased.bias)
+    return record
 
 
 def train(run: Run) -> dict[str, Any]:
@@ -255,9 +281,9 @@ def train(run: Run) -> dict[str, Any]:
     cfg, setup, ledger, log, trainer, policy, depth = (run.cfg, run.setup, run.ledger, run.log, run.trainer,
                                                        run.policy, run.depth)
     summary: dict[str, Any] = {"run_dir": str(run.run_dir), "start_step": run.start_step, "teacher_eval": None}
-    with (EnvPool.for_config(setup.spec, cfg.env) as pool,
+    with (EnvPool.for_config(setup.spec, cfg.env) as pool, open_world_model(cfg, setup.spec, pool) as world,
           open_rollouts(cfg, setup, trainer=trainer, policy=policy, pool=pool, teachers=run.teachers, depth=depth,
-                        ledger=ledger, start_step=run.start_step) as rollouts):
+                        ledger=ledger, start_step=run.start_step, world=world) as rollouts):
         if run.start_step == 0 and cfg.eval.teacher:
             with ledger.phase("eval"):
                 summary["teacher_eval"] = evaluate_teacher(cfg, setup, setup.teacher_specs[cfg.env.name], pool)

@@ -33,6 +33,7 @@ from teachers import TEACHER_BACKENDS, TeacherSpec, TeacherSpecError, load_teach
 from teachers.spec import served_model_name
 from turnopd.algorithm.objective import ESTIMATORS
 from turnopd.config import ModelConfig, RecipeError, RunConfig, to_yaml
+from turnopd.rollout.world_model import load_world_model_meta
 
 # Hugging Face repo ids: `namespace/name` of letters, digits, '-', '_', '.'; no '--' or '..'; <= 96 chars
 _HUB_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
@@ -213,6 +214,14 @@ def check_setup(cfg: RunConfig) -> tuple[Setup, list[str]]:
             raise RecipeError(f"recipe key 'teachers.{env}': {exc}") from None
         notes.append(f"teacher for {env}: {check_teacher(teacher_specs[env])}")
     check_backends(cfg, teacher_specs)
+    if cfg.world_model.path is not None:
+        try:
+            meta = load_world_model_meta(cfg.world_model.path, cfg.env.name)
+        except ValueError as exc:
+            raise RecipeError(f"recipe key 'world_model.path': {exc}") from None
+        notes.append(f"world model: {cfg.world_model.path} (held-out status accuracy "
+                     f"{100 * meta['result']['fidelity']['all']['status_accuracy']:.0f}%); "
+                     f"{100 * cfg.world_model.real_fraction:.0f}% of the non-probe episodes play the real env")
     setup = Setup(spec, train_tasks, eval_tasks, eval_split, Path(cfg.student.path).expanduser(), teacher_specs)
     return setup, notes
 

@@ -264,14 +264,11 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
     torch.manual_seed(cfg.seed)
     trainer = Trainer(model, cfg.trainer, ObjectiveConfig(estimator="nll"), LossConfig(mode="token_mean"),
                       total_steps=cfg.trainer.steps)
-    losses = _train(trainer, examples, cfg)
+    losses = train_examples(trainer, examples, cfg)
     train_time = sum(t for _, t in losses)
 
     output = Path(cfg.output_dir).expanduser()
-    output.mkdir(parents=True, exist_ok=True)
-    with trainer.gathered_parameters() as module:
-        module.save_pretrained(output)
-    tokenizer.save_pretrained(output)
+    save_model(trainer, tokenizer, output)
     del trainer, model
 
     # the held-out eval and the teacher spec use the dtype it is trained in (bf16 is ~2x faster on a CPU with AMX)
@@ -387,13 +384,14 @@ def freeze_below_top_layers(model: Any, top_layers: int) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def _train(trainer: Any, examples: list[SFTExample], cfg: SFTConfig) -> list[tuple[float, float]]:
-    """The optimizer steps, with a progress bar; returns (loss, seconds) per step."""
+def train_examples(trainer: Any, examples: list[SFTExample], cfg: Any, label: str = "sft") -> list[tuple[float, float]]:
+    """cfg.trainer.steps optimizer steps on batches of cfg.batch_turns examples (shuffled epochs),
+    with a progress bar named `label`; returns (loss, seconds) per step."""
     out: list[tuple[float, float]] = []
     log_every = max(1, cfg.trainer.steps // 10)
-    progress = progress_bar("sft", "loss {task.fields[loss]} | {task.fields[tps]} tok/s")
+    progress = progress_bar(label, "loss {task.fields[loss]} | {task.fields[tps]} tok/s")
     with progress:
-        bar = progress.add_task("sft", total=cfg.trainer.steps, loss="-", tps="-")
+        bar = progress.add_task(label, total=cfg.trainer.steps, loss="-", tps="-")
         for indices in batches(len(examples), cfg.batch_turns, cfg.trainer.steps, cfg.seed):
             batch = example_batch([examples[i] for i in indices], cfg.env.name)
             start = time.perf_counter()
@@ -403,9 +401,17 @@ def _train(trainer: Any, examples: list[SFTExample], cfg: SFTConfig) -> list[tup
             progress.update(bar, advance=1, loss=f"{metrics['loss']:.3f}", tps=f"{batch.num_tokens / seconds:.0f}")
             if not progress.console.is_terminal and len(out) % log_every == 0:  # a log file gets lines
                 elapsed = sum(t for _, t in out)
-                progress.console.print(f"sft step {len(out)}/{cfg.trainer.steps}: loss {metrics['loss']:.3f}, "
+                progress.console.print(f"{label} step {len(out)}/{cfg.trainer.steps}: loss {metrics['loss']:.3f}, "
                                        f"{elapsed:.0f} s, ETA {elapsed / len(out) * (cfg.trainer.steps - len(out)):.0f} s")
     return out
+
+
+def save_model(trainer: Any, tokenizer: Any, output: Path) -> None:
+    """The trained model (gathered from its ZeRO shards) and its tokenizer, in Hugging Face format."""
+    output.mkdir(parents=True, exist_ok=True)
+    with trainer.gathered_parameters() as module:
+        module.save_pretrained(output)
+    tokenizer.save_pretrained(output)
 
 
 def _write_teacher_spec(cfg: SFTConfig, output: Path, tokenizer: Any, recipe: str | None, dtype: str,

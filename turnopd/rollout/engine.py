@@ -52,24 +52,27 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
     """One episode of `task_id` in env-pool slot `slot`, for at most min(env_config.max_turns, cap)
     turns; turn t is sampled with request_seed(sampling.seed, episode, t). Stopped by the cap (cap <
     max_turns, env not done): truncated. Waiting for generation is the ledger's "generation" busy
-    time, for the env (reset and steps) its "env" busy time.
+    time, for the env (reset and steps) its "env" busy time (a world-model pool's own resource name,
+    `ledger_resource`, when the episode plays in one).
 
     `replay`: env actions played first, without the policy (a takeover from another episode's state):
     they enter the prompt history but are not turns of the trajectory, whose first turn has index
     len(replay), and the policy then plays up to min(env_config.max_turns, cap) turns of its own."""
     depth = min(env_config.max_turns, cap)
     busy = ledger.busy if ledger is not None else (lambda _: nullcontext())
+    env = getattr(pool, "ledger_resource", "env")  # a world model's steps are its own busy time, not the env's
     trajectory = Trajectory(task_id=task_id, env_name=spec.name, is_probe=is_probe, task_type=spec.task_type(task_id),
                             weight_version=policy.weight_version)
     with policy.session():  # the backend may wait for this episode's requests when it batches
-        with busy("env"):
+        with busy(env):
             outcome = await pool.reset_slot(slot, task_id)
-        goal = outcome.info.get("task", "")
+        trajectory.world_model = bool(outcome.info.get("world_model"))
+        goal = trajectory.goal = outcome.info.get("task", "")
         history: list[tuple[str, str]] = []  # (observation, action), all turns
         for action_text in replay:
             if outcome.done:
                 break
-            with busy("env"):
+            with busy(env):
                 next_outcome = await pool.step_slot(slot, action_text)
             history.append((outcome.observation, action_text))
             outcome = next_outcome
@@ -88,9 +91,11 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
                 generation = await policy.generate(prompt, dataclasses.replace(
                     sampling, seed=request_seed(sampling.seed, episode, turn_index)))
             action = spec.parse_action(generation.text)
-            with busy("env"):
+            with busy(env):
                 next_outcome = await pool.step_slot(slot, action.action)
             invalid = not action.valid or bool(next_outcome.info.get("invalid"))
+            if "world_model_disagreement" in next_outcome.info:
+                trajectory.world_model_disagreements.append(next_outcome.info["world_model_disagreement"])
             trajectory.turns.append(Turn(
                 index=turn_index, observation=outcome.observation, prompt_ids=prompt, action_ids=generation.token_ids,
                 student_logprobs=generation.logprobs, action_text=generation.text,
@@ -98,7 +103,9 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
             ))
             history.append((outcome.observation, action.action))
             outcome = next_outcome
+    trajectory.final_observation = outcome.observation
     if outcome.done:
+        trajectory.ended = True
         trajectory.success = bool(outcome.won)
         trajectory.env_error = outcome.info.get("env_error", "")
     else:
@@ -131,25 +138,41 @@ class SlotPool:
 
 async def play_all(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *, env_config: EnvConfig,
                    sampling: SamplingParams, cap: int, probes: int = 0, ledger: Any = None,
-                   replays: Sequence[Sequence[str]] | None = None) -> list[Trajectory]:
+                   replays: Sequence[Sequence[str]] | None = None, world: Any = None,
+                   simulated: Sequence[bool] = ()) -> list[Trajectory]:
     """`rollout` inside a running event loop."""
     if not tasks:
         raise ValueError("rollout needs at least one task")
     if cap < 1:
         raise ValueError(f"rollout depth cap must be >= 1, got {cap}")
-    return list(await asyncio.gather(*(
-        play_episode(spec, pool, policy, task, slot=i, episode=i, env_config=env_config, sampling=sampling,
-                     cap=env_config.max_turns if i < probes else cap, is_probe=i < probes, ledger=ledger,
-                     replay=replays[i] if replays else ())
-        for i, task in enumerate(tasks))))
+    simulated = list(simulated) or [False] * len(tasks)
+    if len(simulated) != len(tasks) or (any(simulated) and world is None) or any(simulated[:probes]):
+        raise ValueError("`simulated` names one flag per task, needs a world model, and no probe plays in it "
+                         f"(got {len(simulated)} flags for {len(tasks)} tasks, {probes} probes, world {world})")
+
+    async def play(i: int, task: str) -> Trajectory:
+        trajectory = await play_episode(
+            spec, world if simulated[i] else pool, policy, task, slot=i, episode=i, env_config=env_config,
+            sampling=sampling, cap=env_config.max_turns if i < probes else cap, is_probe=i < probes, ledger=ledger,
+            replay=replays[i] if replays else ())
+        if world is not None and not simulated[i] and not trajectory.env_error:
+            with ledger.busy("world_model") if ledger is not None else nullcontext():
+                trajectory.predicted_success = await world.predict_success(trajectory, slot=i)
+        return trajectory
+
+    return list(await asyncio.gather(*(play(i, task) for i, task in enumerate(tasks))))
 
 
 def rollout(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *, env_config: EnvConfig,
             sampling: SamplingParams, cap: int, probes: int = 0, ledger: Any = None,
-            replays: Sequence[Sequence[str]] | None = None) -> list[Trajectory]:
+            replays: Sequence[Sequence[str]] | None = None, world: Any = None,
+            simulated: Sequence[bool] = ()) -> list[Trajectory]:
     """Play one episode per task id (repeat a task id for several samples of it), all at once in
     slots 0..len(tasks)-1; the first `probes` are probes, played at full depth (env_config.max_turns,
     uncensored), the others for at most min(env_config.max_turns, cap) turns; with `replays`, episode
-    i first replays replays[i] (see play_episode). Returns the trajectories in the order of `tasks`."""
+    i first replays replays[i] (see play_episode). With `world` (a turnopd.rollout.world_model
+    WorldModelPool), episode i plays in it when simulated[i] (never a probe); each other episode gets
+    the world model's verdict on it (Trajectory.predicted_success). Returns the trajectories in the
+    order of `tasks`."""
     return asyncio.run(play_all(spec, pool, policy, tasks, env_config=env_config, sampling=sampling, cap=cap,
-                                probes=probes, ledger=ledger, replays=replays))
+                                probes=probes, ledger=ledger, replays=replays, world=world, simulated=simulated))

@@ -4,7 +4,8 @@ loss = sum_p w_p * l_p over the action tokens p of the GLOBAL batch (all ranks),
 objective's estimator and w_p from the loss mode (normalized by the global trajectory and token
 counts), scaled by each turn's teacher familiarity under `familiarity.mode` weight or gate
 (turnopd.algorithm.familiarity; the signals come with the batch, or from the teacher's forward here
-when it runs in this process, which then runs before the student's so the weights are known). A step packs this rank's sequences into micro-batches by token count, runs forward and
+when it runs in this process, which then runs before the student's so the weights are known), and,
+for world-model rollouts, by each trajectory's Inverse-Variance Denoising factor. A step packs this rank's sequences into micro-batches by token count, runs forward and
 backward on each (gradients accumulate; the last backward is the accumulation boundary), then takes
 one optimizer step. Every rank runs the same number of micro-batches (padding ones contribute zero
 loss), since each backward may join collectives.
@@ -35,7 +36,7 @@ from turnopd.algorithm.objective import (
 from turnopd.config import FamiliarityConfig, LossConfig, ObjectiveConfig, TrainerConfig
 from turnopd.core.distributed import gather_objects
 from turnopd.core.faults import failpoint
-from turnopd.core.types import TokenBatch
+from turnopd.core.types import WORLD_MODEL_WEIGHT, TokenBatch
 from turnopd.engines.hf_models import resolve_dtype
 from turnopd.engines.lora import is_adapter_model
 from turnopd.trainer.engine import deepspeed_config, init_process_group
@@ -110,7 +111,8 @@ def keep_trainable(module: nn.Module, state: dict[str, Any], prefix: str, local_
 class Trainer:
     """A DeepSpeed engine around an HF causal LM student, minimizing the OPD loss.
 
-    Trainer(model, trainer_cfg, objective_cfg, loss_cfg, total_steps, teacher_model=None, familiarity_cfg=None)
+    Trainer(model, trainer_cfg, objective_cfg, loss_cfg, total_steps, teacher_model=None, familiarity_cfg=None,
+            world_model_weights=False)
     step(batch, alpha) -> metrics      one optimizer step on this rank's share of the batch
     module                              the HF model (trained in place)
     save(dir) / load(dir)               HF weights + optimizer + scheduler + step counter; call on
@@ -119,12 +121,13 @@ class Trainer:
 
     def __init__(self, model: nn.Module, trainer_cfg: TrainerConfig, objective_cfg: ObjectiveConfig,
                  loss_cfg: LossConfig, total_steps: int, teacher_model: nn.Module | None = None,
-                 familiarity_cfg: FamiliarityConfig | None = None):
+                 familiarity_cfg: FamiliarityConfig | None = None, world_model_weights: bool = False):
         init_process_group()  # before importing deepspeed: it picks the accelerator on import
         import deepspeed
 
         self.cfg, self.objective, self.loss_cfg = trainer_cfg, objective_cfg, loss_cfg
         self.familiarity = familiarity_cfg or FamiliarityConfig()
+        self.world_model_weights = world_model_weights  # batches carry per-trajectory denoising factors
         if total_steps < 1:
             raise ValueError(f"total_steps must be >= 1, got {total_steps}")
         check_causal_lm(model, "student")
@@ -208,6 +211,7 @@ class Trainer:
                                  self.loss_cfg.constant_k, num_trajectories=num_traj, num_tokens=num_action)
                    if tokens.count else torch.zeros(0))
         weights, kept_share = self._familiarity_weights(weights, tokens)
+        weights = self._denoised_weights(weights, tokens)
         tally = StepTally.for_tokens(tokens.count)
         for i in range(num_micro):
             last = i == num_micro - 1
@@ -273,6 +277,20 @@ class Trainer:
             tokens.signals.setdefault(name, torch.full((tokens.count,), float("nan"), dtype=torch.float64))[
                 mb.action_index] = values
         return select_predicting(hidden, ids, scored)[0]
+
+    def _denoised_weights(self, weights: torch.Tensor, tokens: ActionTokens) -> torch.Tensor:
+        """World-model rollouts with several samples per step: each trajectory's Inverse-Variance
+        Denoising factor f (turnopd.algorithm.world_model) scales its tokens' weights, the total kept
+        (w' = w f W / W', sums over all ranks)."""
+        if not self.world_model_weights:
+            return weights
+        factors = tokens.signals.get(WORLD_MODEL_WEIGHT)
+        if factors is None and tokens.count:
+            raise ValueError(f"the batch carries no {WORLD_MODEL_WEIGHT} (Trajectory.world_model_weight) for "
+                             "a trainer that denoises world-model rollouts")
+        factors = factors if tokens.count else torch.zeros(0)
+        before, after = self._sum_over_ranks([float(weights.double().sum()), float((weights.double() * factors).sum())])
+        return reweight(weights, factors, before, after)
 
     def _familiarity_weights(self, weights: torch.Tensor, tokens: ActionTokens) -> tuple[torch.Tensor, float | None]:
         """The loss mode's weights scaled by familiarity (w' = w g W / W', sums over all ranks), and the

@@ -17,6 +17,7 @@ from turnopd.orchestration.pipeline.base import PIPELINE_MODES, PipelineMode, Pi
 from turnopd.orchestration.pipeline.plan import BatchPlan, play_and_score, step_episodes
 from turnopd.orchestration.preflight import Setup
 from turnopd.rollout import Policy
+from turnopd.rollout.world_model import WorldModelPool
 
 
 class InProcessRollouts:
@@ -24,15 +25,18 @@ class InProcessRollouts:
     takes them, with the weights the loop has just given the policy."""
 
     def __init__(self, cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Policy,
-                 teachers: dict[str, Teacher], ledger: Ledger):
+                 teachers: dict[str, Teacher], ledger: Ledger, world: WorldModelPool | None = None):
         self.cfg, self.setup, self.pool, self.policy = cfg, setup, pool, policy
-        self.teachers, self.ledger = teachers, ledger
+        self.teachers, self.ledger, self.world = teachers, ledger, world
         self._stats = PipelineStats("sync")
 
     def take(self, plan: BatchPlan) -> list[Trajectory]:
         self._stats = PipelineStats("sync", weight_version=plan.step)
+        if self.world is not None:
+            self.world.start_batch(plan.step)
         return play_and_score(self.cfg, self.setup.spec, self.pool, self.policy, self.teachers,
-                              step_episodes(self.cfg, self.setup.train_tasks, plan), plan.cap, self.ledger)
+                              step_episodes(self.cfg, self.setup.train_tasks, plan), plan.cap, self.ledger,
+                              world=self.world)
 
     def prepare(self, plan: BatchPlan) -> None:
         """Nothing starts early: the batch is played when its step takes it."""
@@ -49,8 +53,8 @@ class InProcessRollouts:
 
 @contextmanager
 def _open_in_process(cfg: RunConfig, setup: Setup, *, policy: Policy, pool: EnvPool, teachers: dict[str, Teacher],
-                     ledger: Ledger, **_: Any) -> Iterator[InProcessRollouts]:
-    yield InProcessRollouts(cfg, setup, pool, policy, teachers, ledger)
+                     ledger: Ledger, world: WorldModelPool | None = None, **_: Any) -> Iterator[InProcessRollouts]:
+    yield InProcessRollouts(cfg, setup, pool, policy, teachers, ledger, world)
 
 
 PIPELINE_MODES.register("sync")(PipelineMode(open=_open_in_process, off_policy=False))

@@ -13,6 +13,7 @@ from envs.pool import EnvPool
 from teachers import Teacher, score_trajectories
 from turnopd.algorithm.budget import DepthSchedule
 from turnopd.algorithm.objective import ESTIMATORS
+from turnopd.algorithm.world_model import inverse_variance_weights, trajectory_variance
 from turnopd.config import RunConfig
 from turnopd.core.distributed import rank_and_world
 from turnopd.core.ledger import Ledger
@@ -20,10 +21,12 @@ from turnopd.core.types import Trajectory
 from turnopd.orchestration.preflight import scoring_topk
 from turnopd.rollout import Policy, SamplingParams
 from turnopd.rollout.engine import rollout
+from turnopd.rollout.world_model import WorldModelPool
 
 # Task draws: salt 0 for a step's rollouts, 1 for its probes, POOL_SALT + start_step for pool waves
 # (so that a resumed run does not replay the waves of the run it continues).
 POOL_SALT = 2
+WORLD_MODEL_DRAW = 1  # the 4th key of the draw of which episodes play the world model (task draws have 3)
 
 
 def sample_tasks(tasks: list[str], n: int, seed: int, step: int, salt: int) -> list[str]:
@@ -74,6 +77,7 @@ class Episodes:
     tasks: list[str]
     sampling: SamplingParams
     probes: int = 0
+    simulated: tuple[bool, ...] = ()  # per task: it plays the world model (empty: every one plays the real env)
 
     @property
     def probe(self) -> bool:
@@ -85,7 +89,18 @@ def step_episodes(cfg: RunConfig, train_tasks: list[str], plan: BatchPlan) -> Ep
     probe step draws its tasks apart (salt 1) from a rollout step's (salt 0)."""
     rank, world = rank_and_world()
     tasks = sample_tasks(train_tasks, plan.episodes, cfg.seed, plan.step, salt=int(plan.probe))[rank::world]
-    return Episodes(tasks, step_sampling(cfg, plan.step), probes=len(range(rank, plan.probes, world)))
+    simulated = (simulated_episodes(plan.episodes, plan.probes, cfg.world_model.real_fraction, cfg.seed,
+                                    plan.step)[rank::world] if cfg.world_model.path is not None else ())
+    return Episodes(tasks, step_sampling(cfg, plan.step), probes=len(range(rank, plan.probes, world)),
+                    simulated=tuple(simulated))
+
+
+def simulated_episodes(n: int, probes: int, real_fraction: float, seed: int, step: int) -> list[bool]:
+    """Which of a step's n episodes (global indices) play the world model: never one of the first
+    `probes`; each other one unless its uniform draw u_i (seeded by (seed, step)) is below
+    real_fraction, so real_fraction 1 plays every episode in the real env."""
+    draws = np.random.default_rng([seed, step, 0, WORLD_MODEL_DRAW]).random(n)
+    return [i >= probes and bool(draws[i] >= real_fraction) for i in range(n)]
 
 
 def wave_episodes(cfg: RunConfig, train_tasks: list[str], start_step: int, wave: int) -> Episodes:
@@ -107,13 +122,21 @@ def score(cfg: RunConfig, teachers: dict[str, Teacher], trajectories: list[Traje
 
 
 def play_and_score(cfg: RunConfig, spec: EnvSpec, pool: EnvPool, policy: Policy, teachers: dict[str, Teacher],
-                   episodes: Episodes, cap: int, ledger: Ledger) -> list[Trajectory]:
-    """Play the episodes (all at once; probes at full depth, the others for at most `cap` turns) and
-    score them (see score). The whole is the ledger's "probe" (a probe step) or "rollout" phase;
-    inside it, generation, env and teacher are busy times (the first two overlap)."""
+                   episodes: Episodes, cap: int, ledger: Ledger, world: WorldModelPool | None = None) -> list[Trajectory]:
+    """Play the episodes (all at once; probes at full depth, the others for at most `cap` turns; the
+    simulated ones in `world`) and score them (see score). With world_model.samples >= 2 each
+    trajectory's loss weight is its inverse-variance factor. The whole is the ledger's "probe" (a
+    probe step) or "rollout" phase; inside it, generation, env, world_model and teacher are busy
+    times (the first three overlap)."""
     with ledger.phase("probe" if episodes.probe else "rollout"):
-        trajectories = rollout(spec, pool, policy, episodes.tasks, env_config=cfg.env,
-                               sampling=episodes.sampling, cap=cap, probes=episodes.probes, ledger=ledger)
+        trajectories = rollout(spec, pool, policy, episodes.tasks, env_config=cfg.env, sampling=episodes.sampling,
+                               cap=cap, probes=episodes.probes, ledger=ledger, world=world,
+                               simulated=episodes.simulated)
+        if world is not None and cfg.world_model.samples >= 2:
+            weights = inverse_variance_weights([trajectory_variance(t.world_model_disagreements) for t in trajectories],
+                                               cfg.world_model.variance_floor)
+            for trajectory, weight in zip(trajectories, weights, strict=True):
+                trajectory.world_model_weight = weight
         with ledger.busy("teacher"):
             score(cfg, teachers, trajectories)
     return trajectories

@@ -1,0 +1,102 @@
+"""WorldModelPool: real resets (cached per task), world-model steps from the envs.transitions prompt,
+the disagreement of K samples, endings from the status line, the verdict on a real episode. The world
+model is scripted here (its answers are what the test is about); tests/test_world_model_rollouts.py
+runs a trained one in real distillation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from envs import make_env_spec
+from envs.pool import EnvPool
+from turnopd.config import EnvConfig
+from turnopd.core.types import Trajectory, Turn
+from turnopd.rollout import Generation, SamplingParams
+from turnopd.rollout.world_model import NO_STATUS, WorldModelPool
+
+
+class ScriptedWorldModel:
+    """Answers each request with the next of `answers`; records the prompts (as text) and seeds."""
+
+    weight_version = 0
+    max_model_len = 100_000
+
+    def __init__(self, tokenizer, answers: list[str]):
+        self.tokenizer, self.answers = tokenizer, list(answers)
+        self.prompts: list[str] = []
+        self.seeds: list[int | None] = []
+
+    def session(self):
+        return contextlib.nullcontext()
+
+    async def generate(self, prompt: list[int], sampling: SamplingParams) -> Generation:
+        self.prompts.append(self.tokenizer.decode(prompt))
+        self.seeds.append(sampling.seed)
+        text = self.answers.pop(0)
+        return Generation([1], [0.0], text)
+
+
+@pytest.fixture(scope="module")
+def alfworld():
+    spec = make_env_spec(EnvConfig(name="alfworld", task_types=["look_at_obj_in_light"]))
+    with EnvPool(spec, num_workers=1) as pool:
+        yield spec, pool
+
+
+def test_a_model_episode_resets_in_the_real_env_once_per_task_then_plays_the_models_answers(alfworld, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    spec, real = alfworld
+    task = spec.tasks("train")[0]
+    model = ScriptedWorldModel(AutoTokenizer.from_pretrained(tiny_model_dir), [
+        "continue\nYou arrive at desk 1.", "continue\nYou arrive at desk 1.", "continue\nYou arrive at desk  1.",
+        "won\nYou turn on the desklamp 1.", "won\nYou turn on the desklamp 1.", "lost\nNothing.",
+        "no status at all", "continue\nx", "continue\nx"])
+    world = WorldModelPool(spec, real, model, history_length=1, max_observation_tokens=32, samples=3, seed=5)
+
+    async def play():
+        world.start_batch(7)
+        first = await world.reset_slot(0, task)
+        arrive = await world.step_slot(0, "go to desk 1")
+        lamp = await world.step_slot(0, "use desklamp 1")
+        again = await world.reset_slot(0, task)
+        broken = await world.step_slot(0, "go to bed 1")
+        return first, arrive, lamp, again, broken
+
+    first, arrive, lamp, again, broken = asyncio.run(play())
+    assert world.real_resets == 1 and first.info["world_model"] and first.observation == again.observation
+    assert first.observation.startswith("-= Welcome to TextWorld, ALFRED! =-")
+    # three samples, two the same once whitespace is normalised: all agree -> d = 0
+    assert (arrive.observation, arrive.done, arrive.info["world_model_disagreement"]) == ("You arrive at desk 1.", False, 0.0)
+    # won, won, lost: the first is played; d = 1 - 2/3
+    assert (lamp.done, lamp.won, lamp.reward) == (True, True, 1.0)
+    assert lamp.info["world_model_disagreement"] == pytest.approx(1 / 3)
+    # the second step's prompt: the goal, the start, the last (observation, action), now, the action
+    goal = first.info["task"]
+    assert model.prompts[3].count(f"Goal: {goal}\nStart: {first.observation}\nRecent: [Observation 1: '"
+                                  f"{first.observation}', Action 1: 'go to desk 1']\nNow: You arrive at desk 1.\n"
+                                  "Action: use desklamp 1") == 1
+    # each sample of each step has its own stream; the same batch and episode give the same seeds
+    assert len(set(model.seeds[:6])) == 6
+    # an answer without a status line ends the episode, as the env failing would
+    assert broken.done and broken.info["env_error"] == NO_STATUS
+    assert world.model_steps == 3
+
+
+def test_the_verdict_on_a_real_episode_is_the_share_of_won_answers_to_its_last_transition(alfworld, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    spec, real = alfworld
+    model = ScriptedWorldModel(AutoTokenizer.from_pretrained(tiny_model_dir),
+                               ["won\nok", "continue\nno", "won\nok", "junk"])
+    world = WorldModelPool(spec, real, model, history_length=1, max_observation_tokens=32, samples=4)
+    turns = [Turn(index=i, observation=f"o{i}", prompt_ids=[1], action_ids=[2], student_logprobs=[0.0],
+                  action_text=f"<action>a{i}</action>") for i in range(3)]
+    trajectory = Trajectory(task_id="t", env_name="alfworld", goal="g", turns=turns)
+    assert asyncio.run(world.predict_success(trajectory, slot=0)) == 0.5
+    assert model.prompts[0].count("Goal: g\nStart: o0\nRecent: [Observation 2: 'o1', Action 2: 'a1']\nNow: o2\n"
+                                  "Action: a2") == 1
+    assert asyncio.run(world.predict_success(Trajectory(task_id="t", env_name="alfworld"), slot=0)) == 0.0

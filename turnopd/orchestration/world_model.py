@@ -1,0 +1,322 @@
+"""World models of an env: a model trained on logged real transitions to write the env's answer.
+
+    turnopd world-model train recipes/alfworld/world_model.yaml [key=value ...]
+
+1. Transitions (envs.transitions): the env's expert plays `data.expert_episodes` train tasks (the
+   cached demonstrations `turnopd sft` uses, exploring mistakes included: the env's answers to them
+   are real too) and, with `data.student` set, that student plays `data.student_episodes` train
+   tasks at `data.temperature`, so the model also sees the states and mistakes of the player it
+   will stand in an env for. Every step of every episode is one transition.
+2. Training: the DeepSpeed trainer with objective `nll` and `token_mean` loss: the mean negative
+   log-likelihood of the answer tokens (status line, next observation, EOS) given the prompt
+   (envs.transitions' text, as one chat user message).
+3. Held-out fidelity: the same players on `data.held_out_episodes` tasks of env.eval_split. The
+   model's greedy answer is compared with the env's: exact match and token-F1 of the observation,
+   accuracy of the status; P(done) and P(won) come from the status probabilities (the softmax over
+   the three status lines' log-likelihoods after the prompt), and their calibration is the ECE.
+   Reported for all transitions, per source (expert, student) and per action verb, which is where
+   the errors show.
+4. Output: the model and its tokenizer in Hugging Face format in output_dir, and world_model.json:
+   the env and prompt settings it was trained for, what it was trained on, the fidelity table.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING
+
+from envs import make_env_spec
+from envs.base import EnvSpec
+from envs.demonstrations import collect_demonstrations, demo_tasks
+from envs.pool import EnvPool
+from envs.transitions import (
+    STATUSES,
+    Transition,
+    demo_transitions,
+    parse_world_answer,
+    trajectory_transitions,
+    transition_prompt,
+)
+from turnopd.algorithm.world_model import expected_calibration_error, token_f1
+from turnopd.config import (
+    EnvConfig,
+    LossConfig,
+    ModelConfig,
+    ObjectiveConfig,
+    PolicyConfig,
+    RecipeError,
+    TrainerConfig,
+    compose,
+)
+from turnopd.orchestration.preflight import train_and_eval_tasks
+from turnopd.orchestration.recipe import validate_recipe
+from turnopd.orchestration.sft import SFTExample, ensure_model, save_model, train_examples
+from turnopd.rollout import SamplingParams, make_policy
+from turnopd.rollout.base import generate_all
+from turnopd.rollout.engine import chat_prompt_ids, rollout
+
+WORLD_MODEL_FORMAT = 1  # the prompt/answer text of envs.transitions
+HELD_OUT_SALT = 7_777  # the held-out student episodes' sampling seed, apart from the training ones'
+
+
+@dataclass
+class TransitionDataConfig:
+    expert_episodes: int = field(default=100, metadata={"range": (1, None)})  # train tasks the env's expert plays
+    student: ModelConfig | None = None  # null: expert transitions only
+    student_episodes: int = field(default=32, metadata={"range": (1, None)})  # train tasks the student plays
+    temperature: float = field(default=0.5, metadata={"range": (0.0, None)})  # the student's sampling
+    held_out_episodes: int = field(default=20, metadata={"range": (1, None)})  # env.eval_split tasks, per player
+
+
+@dataclass
+class WorldModelConfig:
+    """A `turnopd world-model train` recipe: `trainer.steps` optimizer steps of `batch_turns`
+    transitions. `policy` is the student's generation (its episodes); `max_observation_tokens`
+    bounds the world model's answer."""
+
+    name: str = MISSING
+    seed: int = 0
+    data_dir: str | None = None
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)  # the model to train (built by its `prepare` if missing)
+    data: TransitionDataConfig = field(default_factory=TransitionDataConfig)
+    history_length: int = field(default=1, metadata={"range": (0, None)})  # (observation, action) pairs in the prompt
+    max_observation_tokens: int = field(default=160, metadata={"range": (1, None)})
+    batch_turns: int = field(default=32, metadata={"range": (1, None)})
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(steps=300, lr=1e-3))
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    output_dir: str = "runs/world_models/${env.name}"
+
+
+def load_world_model_recipe(recipe: str, overrides: list[str] | tuple[str, ...] = ()) -> WorldModelConfig:
+    return validate_recipe(compose(recipe, overrides), schema=WorldModelConfig, checks=[])
+
+
+# ---------------------------------------------------------------------------------------------
+# Transitions
+# ---------------------------------------------------------------------------------------------
+
+
+def player_transitions(cfg: WorldModelConfig, spec: EnvSpec, split: str, expert_episodes: int,
+                       student_episodes: int, seed: int) -> list[Transition]:
+    """The transitions of the expert's episodes on `expert_episodes` tasks of `split` and, with
+    data.student set, of the student's on `student_episodes` tasks (both drawn round-robin over task
+    types, envs.demonstrations.demo_tasks)."""
+    out = [t for demo in collect_demonstrations(spec, cfg.env, split, expert_episodes, cfg.seed)
+           for t in demo_transitions(demo, cfg.history_length)]
+    if cfg.data.student is None:
+        return out
+    path = ensure_model(cfg.data.student, "data.student")
+    tasks = demo_tasks(spec, split, student_episodes, cfg.seed)
+    print(f"the student {path} plays {len(tasks)} {split} tasks (temperature {cfg.data.temperature:g})", flush=True)
+    policy = make_policy(cfg.policy, str(path), dtype=cfg.data.student.dtype, seed=seed)
+    sampling = SamplingParams(temperature=cfg.data.temperature, top_p=cfg.policy.top_p,
+                              max_new_tokens=cfg.policy.max_new_tokens, stop=tuple(cfg.policy.stop), seed=seed)
+    try:
+        with EnvPool.for_config(spec, cfg.env) as pool:
+            trajectories = rollout(spec, pool, policy, tasks, env_config=cfg.env, sampling=sampling,
+                                   cap=cfg.env.max_turns)
+    finally:
+        policy.close()
+    return out + [t for trajectory in trajectories
+                  for t in trajectory_transitions(trajectory, spec.parse_action, cfg.history_length)]
+
+
+def transition_example(t: Transition, tokenizer: Any) -> SFTExample:
+    """The prompt and the answer tokens the model learns: the status line, then the observation (encoded
+    apart, so the status tokens are the same ones `status_probabilities` scores), then EOS."""
+    answer = status_ids(tokenizer, t.status) + tokenizer.encode(t.next_observation, add_special_tokens=False)
+    return SFTExample(t.task_id, t.step, chat_prompt_ids(tokenizer, transition_prompt(t)),
+                      answer + [tokenizer.eos_token_id])
+
+
+def status_ids(tokenizer: Any, status: str) -> list[int]:
+    return tokenizer.encode(f"{status}\n", add_special_tokens=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fidelity
+# ---------------------------------------------------------------------------------------------
+
+
+def status_probabilities(model: Any, tokenizer: Any, prompts: list[list[int]]) -> list[dict[str, float]]:
+    """Per prompt, P(status) for each of STATUSES: the softmax over the log-likelihoods of the status
+    lines after the prompt (each line's token log-probs summed), one padded batch per prompt."""
+    import torch
+
+    candidates = [status_ids(tokenizer, status) for status in STATUSES]
+    out = []
+    with torch.no_grad():
+        for prompt in prompts:
+            width = len(prompt) + max(map(len, candidates))
+            ids = torch.full((len(candidates), width), tokenizer.pad_token_id or 0, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for row, candidate in enumerate(candidates):
+                ids[row, :len(prompt) + len(candidate)] = torch.tensor(prompt + candidate)
+                mask[row, :len(prompt) + len(candidate)] = 1
+            logprobs = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), dim=-1)
+            scores = torch.stack([
+                logprobs[row, len(prompt) - 1 + torch.arange(len(c)), torch.tensor(c)].sum()
+                for row, c in enumerate(candidates)])
+            out.append(dict(zip(STATUSES, torch.softmax(scores, dim=0).tolist(), strict=True)))
+    return out
+
+
+@dataclass
+class FidelityRow:
+    transitions: int
+    exact_match: float  # share of predicted observations equal to the env's (whitespace-normalised)
+    token_f1: float  # mean token-F1 of predicted against real observations
+    status_accuracy: float  # share of greedy status lines equal to the env's (continue / won / lost)
+    done_ece: float | None = None  # ECE of P(done) = P(won) + P(lost); None for per-verb rows
+    won_ece: float | None = None
+
+
+def fidelity_row(items: list[tuple[Transition, str, dict[str, float]]], calibration: bool) -> FidelityRow:
+    """One row of the fidelity table from (transition, the model's greedy answer, its P(status))."""
+    exact, f1, status_ok = [], [], []
+    for t, answer, _ in items:
+        parsed = parse_world_answer(answer)
+        status, observation = parsed if parsed is not None else ("", answer)
+        exact.append(" ".join(observation.split()) == " ".join(t.next_observation.split()))
+        f1.append(token_f1(observation, t.next_observation))
+        status_ok.append(status == t.status)
+    row = FidelityRow(len(items), statistics.fmean(exact), statistics.fmean(f1), statistics.fmean(status_ok))
+    if calibration:
+        row.done_ece = expected_calibration_error([1.0 - p["continue"] for _, _, p in items], [t.done for t, _, _ in items])
+        row.won_ece = expected_calibration_error([p["won"] for _, _, p in items], [t.won for t, _, _ in items])
+    return row
+
+
+def fidelity_table(transitions: list[Transition], answers: list[str],
+                   probabilities: list[dict[str, float]]) -> dict[str, FidelityRow]:
+    """Rows "all", "source=<expert|student>" and "verb=<first word of the action>" (most frequent first)."""
+    items = list(zip(transitions, answers, probabilities, strict=True))
+    groups: dict[str, list[Any]] = {"all": items}
+    for item in items:
+        groups.setdefault(f"source={item[0].source}", []).append(item)
+    verbs: dict[str, list[Any]] = {}
+    for item in items:
+        verbs.setdefault(f"verb={(item[0].action.split() or [''])[0]}", []).append(item)
+    groups.update(sorted(verbs.items(), key=lambda kv: -len(kv[1])))
+    return {key: fidelity_row(group, calibration=not key.startswith("verb=")) for key, group in groups.items()}
+
+
+def measure_fidelity(model_dir: Path, transitions: list[Transition], cfg: WorldModelConfig) -> dict[str, FidelityRow]:
+    """The world model in model_dir on held-out transitions: greedy answers and status probabilities."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [chat_prompt_ids(tokenizer, transition_prompt(t)) for t in transitions]
+    greedy = PolicyConfig(backend=cfg.policy.backend, temperature=0.0, max_new_tokens=cfg.max_observation_tokens,
+                          stop=[], max_batch_size=cfg.policy.max_batch_size)
+    policy = make_policy(greedy, str(model_dir), dtype="float32", seed=cfg.seed)
+    try:
+        answers = [g.text for g in generate_all(policy, prompts, SamplingParams(
+            temperature=0.0, max_new_tokens=cfg.max_observation_tokens, stop=(), seed=cfg.seed))]
+    finally:
+        policy.close()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return fidelity_table(transitions, answers, status_probabilities(model, tokenizer, prompts))
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class WorldModelResult:
+    output_dir: str
+    train_transitions: dict[str, int]  # per source
+    answer_tokens: int
+    steps: int
+    first_loss: float
+    final_loss: float  # mean of the last 10 steps
+    train_time_s: float
+    held_out_split: str
+    fidelity: dict[str, FidelityRow]
+    data_time_s: float  # building the model (if missing), playing the episodes (demonstrations are cached)
+    wall_time_s: float
+
+
+def run_world_model_train(cfg: WorldModelConfig) -> WorldModelResult:
+    """Transitions -> trained world model -> held-out fidelity -> world_model.json."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from turnopd.trainer import Trainer
+
+    wall_start = time.perf_counter()
+    spec = make_env_spec(cfg.env, cfg.data_dir)
+    train_split, _, held_out_split, _ = train_and_eval_tasks(spec, cfg.env, eval_split=None, max_eval_tasks=None)
+    model_dir = ensure_model(cfg.model, "model")
+    train = player_transitions(cfg, spec, train_split, cfg.data.expert_episodes, cfg.data.student_episodes, cfg.seed)
+    held_out = player_transitions(cfg, spec, held_out_split, cfg.data.held_out_episodes, cfg.data.held_out_episodes,
+                                  cfg.seed + HELD_OUT_SALT)
+    data_time = time.perf_counter() - wall_start
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    examples = [transition_example(t, tokenizer) for t in train]
+    longest = max(len(ex.prompt_ids) + len(ex.answer_ids) for ex in examples)
+    held_out_prompt = max(len(chat_prompt_ids(tokenizer, transition_prompt(t))) for t in held_out)
+    positions = model.config.max_position_embeddings
+    if max(longest, held_out_prompt + cfg.max_observation_tokens) > positions:
+        raise RecipeError(f"a transition needs {max(longest, held_out_prompt + cfg.max_observation_tokens)} tokens "
+                          f"(prompt and answer, or held-out prompt and max_observation_tokens), more than the model's "
+                          f"{positions} positions; lower 'history_length' (now {cfg.history_length}) or "
+                          f"'max_observation_tokens' (now {cfg.max_observation_tokens})")
+    sources = {source: sum(t.source == source for t in train) for source in ("expert", "student")}
+    print(f"{len(train)} train transitions ({sources['expert']} expert, {sources['student']} student), "
+          f"{sum(len(ex.answer_ids) for ex in examples)} answer tokens; longest {longest} tokens; "
+          f"{len(held_out)} held-out transitions on {held_out_split}", flush=True)
+
+    torch.manual_seed(cfg.seed)
+    trainer = Trainer(model, cfg.trainer, ObjectiveConfig(estimator="nll"), LossConfig(mode="token_mean"),
+                      total_steps=cfg.trainer.steps)
+    losses = train_examples(trainer, examples, cfg, label="world model")
+    output = Path(cfg.output_dir).expanduser()
+    save_model(trainer, tokenizer, output)
+    del trainer, model
+
+    fidelity = measure_fidelity(output, held_out, cfg)
+    final = [loss for loss, _ in losses[-10:]]
+    result = WorldModelResult(
+        output_dir=str(output), train_transitions=sources, answer_tokens=sum(len(ex.answer_ids) for ex in examples),
+        steps=len(losses), first_loss=losses[0][0], final_loss=statistics.fmean(final),
+        train_time_s=sum(t for _, t in losses), held_out_split=held_out_split, fidelity=fidelity,
+        data_time_s=data_time, wall_time_s=time.perf_counter() - wall_start)
+    meta = {"format": WORLD_MODEL_FORMAT, "env": cfg.env.name, "env_options": cfg.env.options,
+            "history_length": cfg.history_length, "max_observation_tokens": cfg.max_observation_tokens,
+            "result": asdict(result)}
+    (output / "world_model.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print_world_model_summary(cfg, result)
+    return result
+
+
+def print_world_model_summary(cfg: WorldModelConfig, r: WorldModelResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]{cfg.name}[/]: {r.steps} steps on {sum(r.train_transitions.values())} transitions "
+                  f"in {r.train_time_s:.0f} s; loss {r.first_loss:.3f} -> {r.final_loss:.3f}")
+    table = Table(title=f"held-out fidelity on {r.held_out_split}: greedy answers against the real env's "
+                        "(exact match and token-F1 of the observation, status accuracy, calibration)")
+    for column in ("", "n", "exact", "token-F1", "status", "ECE done", "ECE won"):
+        table.add_column(column, justify="right" if column else "left")
+    for key, row in r.fidelity.items():
+        ece = ["-" if v is None else f"{v:.3f}" for v in (row.done_ece, row.won_ece)]
+        table.add_row(key, str(row.transitions), f"{100 * row.exact_match:.1f}%", f"{row.token_f1:.3f}",
+                      f"{100 * row.status_accuracy:.1f}%", *ece)
+    console.print(table)
+    console.print(f"world model: {r.output_dir} (world_model.json holds this table); wall clock {r.wall_time_s:.0f} s "
+                  f"(model build and episodes {r.data_time_s:.0f} s)")

@@ -1,0 +1,194 @@
+"""World-model rollouts: a model trained by `turnopd world-model train` answers an episode's env steps.
+
+`WorldModelPool` has the env pool's episode interface (`reset_slot`, `step_slot`, `end`), so the
+rollout engine plays an episode in it as in the real env (`rollout(..., world=..., simulated=...)`
+names the episodes that do). A reset is the real env's: the first observation (in ALFWorld the room
+and its receptacles) is the task's, not something to invent, and a costly env's reset is paid once
+per task, then cached. Each step renders envs.transitions' prompt from the episode so far and
+samples `samples` answers (status line and observation) from the world model; the first is played,
+and their disagreement d = 1 - (count of the modal answer) / K goes into the outcome's info
+("world_model_disagreement"), from which the loop weights the trajectory (Inverse-Variance
+Denoising, turnopd.algorithm.world_model). An answer without a status line ends the episode as
+failed-by-env ("the world model answered without a status line"), and so does one whose
+observation the env's prompt template refuses (ALFWorld's notebook template needs its notebook
+line), or whose prompt and answer would not fit the model's context.
+
+`predict_success` is the model's verdict on a real episode (the share of K sampled answers to its
+last real transition that say "won"): paired with the real outcome, it measures the model's bias
+for Online Debiasing. It measures the verdict on real histories, not how far simulated histories
+drift; the fidelity table of the world model (world_model.json) shows the latter's per-step errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from envs.base import EnvSpec, PromptContext, StepOutcome
+from envs.pool import env_error
+from envs.transitions import parse_world_answer, world_prompt
+from turnopd.algorithm.world_model import sample_disagreement
+from turnopd.config import PolicyConfig
+from turnopd.core.types import Trajectory
+from turnopd.rollout.base import Policy, SamplingParams, make_policy, request_seed
+from turnopd.rollout.engine import chat_prompt_ids
+
+WORLD_MODEL_META = "world_model.json"
+NO_STATUS = "the world model answered without a status line"
+UNRENDERABLE = "the world model's observation does not fit the env's prompt template"
+TOO_LONG = "the world model's prompt does not fit its context (train it with a shorter history_length)"
+
+
+def load_world_model_meta(path: str | Path, env_name: str) -> dict[str, Any]:
+    """world_model.json of a world-model folder, checked to be of env `env_name` (ValueError naming
+    what is wrong otherwise)."""
+    meta_path = Path(path).expanduser() / WORLD_MODEL_META
+    if not meta_path.is_file():
+        raise ValueError(f"{meta_path} not found: name a folder written by `turnopd world-model train` "
+                         f"(for {env_name}: turnopd world-model train recipes/{env_name}/world_model.yaml)")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("env") != env_name:
+        raise ValueError(f"the world model in {path} models env {meta.get('env')!r}, not env.name={env_name!r}")
+    return meta
+
+
+@dataclass
+class _Episode:
+    goal: str
+    first_observation: str
+    observation: str
+    history: list[tuple[str, str]] = field(default_factory=list)
+    resets: int = 0
+
+
+class WorldModelPool:
+    ledger_resource = "world_model"  # the ledger busy time of its steps (the real env's is "env")
+
+    def __init__(self, spec: EnvSpec, real: Any, policy: Policy, *, history_length: int, max_observation_tokens: int,
+                 samples: int = 1, temperature: float = 1.0, seed: int = 0):
+        if samples < 1:
+            raise ValueError(f"samples must be >= 1, got {samples}")
+        self.spec, self.real, self.policy = spec, real, policy
+        self.history_length, self.samples = history_length, samples
+        self.sampling = SamplingParams(temperature=temperature, max_new_tokens=max_observation_tokens, stop=(),
+                                       seed=seed)
+        self._resets: dict[str, StepOutcome] = {}  # task id -> its real reset
+        self._episodes: dict[int, _Episode] = {}
+        self._batch = 0  # the batch being played (start_batch): the first key of every sampling stream
+        self._reset_counts: dict[int, int] = {}  # per slot: its episodes in this batch (the second key)
+        self.model_steps = 0  # steps the world model answered, over the pool's life
+        self.real_resets = 0  # resets it asked the real env for (the others were cached)
+
+    def start_batch(self, batch: int) -> None:
+        """The next episodes are batch `batch`'s (the optimizer step's): each model answer is sampled
+        from the stream (seed, batch, slot, episode in the slot, step, sample), so a resumed run
+        samples what an uninterrupted one would have."""
+        self._batch, self._reset_counts = batch, {}
+
+    async def reset_slot(self, slot: int, task_id: str) -> StepOutcome:
+        outcome = self._resets.get(task_id)
+        if outcome is None:
+            outcome = await self.real.reset_slot(slot, task_id)
+            if outcome.done:  # the env failed: nothing to cache, the episode ends here
+                return outcome
+            self.real.end([slot])
+            self._resets[task_id] = outcome
+            self.real_resets += 1
+        self._reset_counts[slot] = self._reset_counts.get(slot, 0) + 1
+        self._episodes[slot] = _Episode(outcome.info.get("task", ""), outcome.observation, outcome.observation,
+                                        resets=self._reset_counts[slot])
+        return replace(outcome, info={**outcome.info, "world_model": True})
+
+    async def step_slot(self, slot: int, action: str) -> StepOutcome:
+        episode = self._episodes.get(slot)
+        if episode is None:
+            raise ValueError(f"slot {slot} has no episode playing (its episode has ended, or none started)")
+        step = len(episode.history)
+        answers = await self._sample(
+            world_prompt(episode.goal, episode.first_observation, episode.history[-self.history_length:]
+                         if self.history_length else [], step, episode.observation, action),
+            (self._batch, slot, episode.resets, step))
+        if answers is None:
+            self._episodes.pop(slot)
+            return env_error(TOO_LONG)
+        self.model_steps += 1
+        parsed = [parse_world_answer(a) for a in answers]
+        if parsed[0] is None:
+            self._episodes.pop(slot)
+            return env_error(NO_STATUS)
+        status, observation = parsed[0]
+        episode.history.append((episode.observation, action))
+        try:  # an observation the env's own prompt template refuses (e.g. ALFWorld's without its notebook line)
+            self.spec.render_prompt(PromptContext(task=episode.goal, step=len(episode.history), observation=observation,
+                                                  history=episode.history[-1:]))
+        except ValueError as exc:
+            self._episodes.pop(slot)
+            return env_error(f"{UNRENDERABLE}: {exc}")
+        episode.observation = observation
+        done = status != "continue"
+        if done:
+            self._episodes.pop(slot)
+        return StepOutcome(observation, reward=float(status == "won"), done=done, won=status == "won",
+                           info={"world_model_disagreement": disagreement(parsed)})
+
+    def end(self, slots: list[int]) -> None:
+        for slot in slots:
+            self._episodes.pop(slot, None)
+
+    async def predict_success(self, trajectory: Trajectory, slot: int) -> float:
+        """The share of `samples` answers to a real episode's last transition that say "won"
+        (0 for an episode with no turns)."""
+        if not trajectory.turns:
+            return 0.0
+        actions = [self.spec.parse_action(turn.action_text).action for turn in trajectory.turns]
+        history = [(turn.observation, a) for turn, a in zip(trajectory.turns, actions, strict=True)][:-1]
+        step = len(history)
+        answers = await self._sample(
+            world_prompt(trajectory.goal, trajectory.turns[0].observation,
+                         history[-self.history_length:] if self.history_length else [], step,
+                         trajectory.turns[-1].observation, actions[-1]),
+            (self._batch, slot, 0, step))
+        if answers is None:
+            return 0.0
+        return sum((p := parse_world_answer(a)) is not None and p[0] == "won" for a in answers) / len(answers)
+
+    async def _sample(self, prompt: str, keys: tuple[int, ...]) -> list[str] | None:
+        """`samples` answers to the prompt; None when prompt and answer do not fit the model's context."""
+        ids = chat_prompt_ids(self.policy.tokenizer, prompt)
+        if len(ids) + self.sampling.max_new_tokens > self.policy.max_model_len:
+            return None
+        generations = await asyncio.gather(*(self.policy.generate(ids, replace(
+            self.sampling, seed=request_seed(self.sampling.seed, *keys, k))) for k in range(self.samples)))
+        return [g.text for g in generations]
+
+
+def disagreement(parsed: list[tuple[str, str] | None]) -> float:
+    """1 - (count of the most frequent answer) / K over K parsed answers (a missing status counts as
+    an answer of its own)."""
+    return sample_disagreement([p if p is None else (p[0], " ".join(p[1].split())) for p in parsed])
+
+
+@contextmanager
+def open_world_model(cfg: Any, spec: EnvSpec, real: Any) -> Iterator[WorldModelPool | None]:
+    """The WorldModelPool a distillation recipe's `world_model` block asks for (None without a path),
+    generating with the recipe's policy backend; its model is closed on exit."""
+    wm = cfg.world_model
+    if wm.path is None:
+        yield None
+        return
+    meta = load_world_model_meta(wm.path, cfg.env.name)
+    generation = PolicyConfig(backend=cfg.policy.backend, temperature=wm.temperature,
+                              max_new_tokens=meta["max_observation_tokens"], stop=[],
+                              max_batch_size=cfg.policy.max_batch_size * wm.samples, options=cfg.policy.options)
+    policy = make_policy(generation, str(Path(wm.path).expanduser()), dtype="float32", seed=cfg.seed)
+    try:
+        yield WorldModelPool(spec, real, policy, history_length=meta["history_length"],
+                             max_observation_tokens=meta["max_observation_tokens"], samples=wm.samples,
+                             temperature=wm.temperature, seed=cfg.seed)
+    finally:
+        policy.close()
