@@ -33,7 +33,7 @@ from rich.progress import (
 )
 
 from envs import ENVS, make_env_spec
-from envs.base import EnvSpec, PromptContext, StepOutcome, format_answer
+from envs.base import EnvSpec, PromptContext, StepOutcome, format_answer, recent_pairs
 from envs.pool import EnvPool
 from turnopd.config import EnvConfig
 
@@ -82,7 +82,7 @@ def play_batch(spec: EnvSpec, runner, tasks: list[str], config: EnvConfig, advan
         for slot in live:
             outcome = outcomes[slot]
             ctx = PromptContext(task=goals[slot], step=turn, observation=outcome.observation,
-                                history=history[slot][-config.history_length:] if config.history_length else [],
+                                history=recent_pairs(history[slot], config.history_length),
                                 admissible=outcome.admissible, answer_format=config.answer_format)
             spec.render_prompt(ctx)
             choice = rng.choice(outcome.admissible) if outcome.admissible else experts[slot].act(outcome)

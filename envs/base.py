@@ -124,6 +124,12 @@ def answer_instruction(answer_format: str) -> str:
     return ANSWER_INSTRUCTIONS[answer_format]
 
 
+def recent_pairs(history: Sequence[tuple[str, str]], n: int) -> list[tuple[str, str]]:
+    """The last n (observation, action) pairs of an episode's history, oldest first (none for n = 0,
+    which a plain history[-n:] would not give)."""
+    return list(history[-n:]) if n else []
+
+
 def format_history(history: list[tuple[str, str]], step: int) -> str:
     """verl-agent's history block: one `[Observation k: '...', Action k: '...']` line per pair, k being
     the step (1-based) at which the action was taken; `step` is the number of steps taken so far."""

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from envs.base import EnvSpec, PromptContext, RelabellingExpert, split_tasks
+from envs.base import EnvSpec, PromptContext, RelabellingExpert, recent_pairs, split_tasks
 from envs.pool import EnvPool
 from turnopd.config import EnvConfig
 from turnopd.core.progress import progress_bar
@@ -191,7 +191,7 @@ def demo_contexts(demo: Demonstration, env_config: EnvConfig,
     history: list[tuple[str, str]] = []
     for turn, step in enumerate(demo.steps):
         yield PromptContext(task=demo.task, step=turn, observation=step.observation,
-                            history=history[-env_config.history_length:] if env_config.history_length else [],
+                            history=recent_pairs(history, env_config.history_length),
                             admissible=step.admissible,
                             answer_format=answer_format or env_config.answer_format), step
         history.append((step.observation, step.action))

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from envs.base import ParsedAction, format_history
+from envs.base import ParsedAction, format_history, recent_pairs
 from envs.demonstrations import Demonstration
 from turnopd.core.types import Trajectory
 
@@ -72,12 +72,6 @@ def transition_prompt(t: Transition) -> str:
     return world_prompt(t.task, t.first_observation, t.history, t.step, t.observation, t.action)
 
 
-def world_answer(status: str, observation: str) -> str:
-    if status not in STATUSES:
-        raise ValueError(f"unknown world-model status {status!r}; allowed: {', '.join(STATUSES)}")
-    return f"{status}\n{observation}"
-
-
 def parse_world_answer(text: str) -> tuple[str, str] | None:
     """(status, observation) of a world model's answer; None when it does not start with a status line."""
     status, _, observation = text.partition("\n")
@@ -93,7 +87,7 @@ def episode_transitions(task_id: str, task: str, steps: Sequence[tuple[str, str]
     out = []
     for i, (observation, action) in enumerate(steps):
         last = i == len(steps) - 1
-        history = steps[max(0, i - history_length):i] if history_length else ()
+        history = recent_pairs(steps[:i], history_length)
         out.append(Transition(
             task_id=task_id, task=task, first_observation=steps[0][0], history=tuple(history), step=i,
             observation=observation, action=action,

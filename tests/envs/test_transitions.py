@@ -16,7 +16,6 @@ from envs.transitions import (
     status_of,
     trajectory_transitions,
     transition_prompt,
-    world_answer,
 )
 from turnopd.config import EnvConfig
 from turnopd.core.types import Trajectory, Turn
@@ -46,12 +45,9 @@ def test_the_world_models_text():
                                      "Now: o1\nAction: a1")
     t0 = episode_transitions("task", "goal", STEPS, "o3", ended=True, won=True, history_length=1, source="expert")[0]
     assert transition_prompt(t0) == "Goal: goal\nNow: o0\nAction: a0"  # the start is the current observation
-    assert world_answer("won", "You win.") == "won\nYou win."
     assert parse_world_answer("won\nYou win.\n") == ("won", "You win.")
     assert parse_world_answer(" continue \nYou arrive at desk 1.") == ("continue", "You arrive at desk 1.")
     assert parse_world_answer("maybe\nYou win.") is None
-    with pytest.raises(ValueError, match="unknown world-model status 'maybe'"):
-        world_answer("maybe", "x")
     with pytest.raises(ValueError, match="won=True needs done=True"):
         status_of(done=False, won=True)
 

@@ -16,7 +16,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from envs.base import EnvSpec, PromptContext
+from envs.base import EnvSpec, PromptContext, recent_pairs
 
 
 def _env_spec(args: argparse.Namespace) -> tuple[EnvSpec, Any]:
@@ -86,7 +86,7 @@ def play(args: argparse.Namespace) -> int:
         while not outcome.done and step < config.max_turns:
             if args.show_prompt:
                 ctx = PromptContext(task=goal, step=step, observation=outcome.observation,
-                                    history=history[-config.history_length:] if config.history_length else [],
+                                    history=recent_pairs(history, config.history_length),
                                     admissible=outcome.admissible, answer_format=config.answer_format)
                 print(f"\n--- prompt ---\n{spec.render_prompt(ctx)}\n--------------")
             print(f"\n[step {step}] {outcome.observation}")

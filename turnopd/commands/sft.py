@@ -3,30 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from turnopd.config import RecipeError
+from turnopd.commands import run_recipe_command
 
 
 def sft(args: argparse.Namespace) -> int:
     from turnopd.orchestration.sft import load_sft_recipe, run_sft
 
-    try:
-        cfg = load_sft_recipe(args.recipe, args.overrides)
-    except RecipeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.dry_run:
-        from turnopd.config import to_yaml
-
-        print(to_yaml(cfg), end="")
-        return 0
-    try:
-        run_sft(cfg, recipe=args.recipe)
-    except RecipeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_recipe_command(args, load_sft_recipe, lambda cfg: run_sft(cfg, recipe=args.recipe))
 
 
 def register(sub: argparse._SubParsersAction) -> None:

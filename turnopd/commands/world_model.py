@@ -4,26 +4,14 @@ its held-out fidelity (see turnopd.orchestration.world_model)."""
 from __future__ import annotations
 
 import argparse
-import sys
 
-from turnopd.config import RecipeError
+from turnopd.commands import run_recipe_command
 
 
 def train(args: argparse.Namespace) -> int:
     from turnopd.orchestration.world_model import load_world_model_recipe, run_world_model_train
 
-    try:
-        cfg = load_world_model_recipe(args.recipe, args.overrides)
-        if args.dry_run:
-            from turnopd.config import to_yaml
-
-            print(to_yaml(cfg), end="")
-            return 0
-        run_world_model_train(cfg)
-    except RecipeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_recipe_command(args, load_world_model_recipe, run_world_model_train)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

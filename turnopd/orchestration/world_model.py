@@ -208,22 +208,23 @@ def fidelity_table(transitions: list[Transition], answers: list[str],
     return {key: fidelity_row(group, calibration=not key.startswith("verb=")) for key, group in groups.items()}
 
 
-def measure_fidelity(model_dir: Path, transitions: list[Transition], cfg: WorldModelConfig) -> dict[str, FidelityRow]:
-    """The world model in model_dir on held-out transitions: greedy answers and status probabilities."""
+def measure_fidelity(model_dir: Path, transitions: list[Transition], prompts: list[list[int]],
+                     cfg: WorldModelConfig) -> dict[str, FidelityRow]:
+    """The world model in model_dir on held-out transitions (`prompts`: their token ids): greedy
+    answers and status probabilities, from one loaded copy of the model."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    prompts = [chat_prompt_ids(tokenizer, transition_prompt(t)) for t in transitions]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     greedy = PolicyConfig(backend=cfg.policy.backend, temperature=0.0, max_new_tokens=cfg.max_observation_tokens,
                           stop=[], max_batch_size=cfg.policy.max_batch_size)
-    policy = make_policy(greedy, str(model_dir), dtype="float32", seed=cfg.seed)
+    policy = make_policy(greedy, model, tokenizer=tokenizer, dtype="float32", seed=cfg.seed)
     try:
         answers = [g.text for g in generate_all(policy, prompts, SamplingParams(
             temperature=0.0, max_new_tokens=cfg.max_observation_tokens, stop=(), seed=cfg.seed))]
     finally:
         policy.close()
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     return fidelity_table(transitions, answers, status_probabilities(model, tokenizer, prompts))
 
 
@@ -267,7 +268,8 @@ def run_world_model_train(cfg: WorldModelConfig) -> WorldModelResult:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     examples = [transition_example(t, tokenizer) for t in train]
     longest = max(len(ex.prompt_ids) + len(ex.answer_ids) for ex in examples)
-    held_out_prompt = max(len(chat_prompt_ids(tokenizer, transition_prompt(t))) for t in held_out)
+    held_out_prompts = [chat_prompt_ids(tokenizer, transition_prompt(t)) for t in held_out]
+    held_out_prompt = max(map(len, held_out_prompts))
     positions = model.config.max_position_embeddings
     if max(longest, held_out_prompt + cfg.max_observation_tokens) > positions:
         raise RecipeError(f"a transition needs {max(longest, held_out_prompt + cfg.max_observation_tokens)} tokens "
@@ -287,7 +289,7 @@ def run_world_model_train(cfg: WorldModelConfig) -> WorldModelResult:
     save_model(trainer, tokenizer, output)
     del trainer, model
 
-    fidelity = measure_fidelity(output, held_out, cfg)
+    fidelity = measure_fidelity(output, held_out, held_out_prompts, cfg)
     final = [loss for loss, _ in losses[-10:]]
     result = WorldModelResult(
         output_dir=str(output), train_transitions=sources, answer_tokens=sum(len(ex.answer_ids) for ex in examples),

@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import nullcontext
 from typing import Any
 
-from envs.base import EnvSpec, PromptContext
+from envs.base import EnvSpec, PromptContext, recent_pairs
 from turnopd.config import EnvConfig
 from turnopd.core.faults import failpoint
 from turnopd.core.types import Trajectory, Turn
@@ -81,7 +81,7 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
                 break
             prompt = chat_prompt_ids(policy.tokenizer, spec.render_prompt(PromptContext(
                 task=goal, step=turn_index, observation=outcome.observation,
-                history=history[-env_config.history_length :] if env_config.history_length else [],
+                history=recent_pairs(history, env_config.history_length),
                 admissible=outcome.admissible, answer_format=env_config.answer_format,
             )))
             check_prompt_lengths([prompt], sampling.max_new_tokens, policy.max_model_len,

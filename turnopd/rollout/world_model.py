@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from envs.base import EnvSpec, PromptContext, StepOutcome
+from envs.base import EnvSpec, PromptContext, StepOutcome, recent_pairs
 from envs.pool import env_error
 from envs.transitions import parse_world_answer, world_prompt
 from turnopd.algorithm.world_model import sample_disagreement
@@ -110,8 +110,8 @@ class WorldModelPool:
             raise ValueError(f"slot {slot} has no episode playing (its episode has ended, or none started)")
         step = len(episode.history)
         answers = await self._sample(
-            world_prompt(episode.goal, episode.first_observation, episode.history[-self.history_length:]
-                         if self.history_length else [], step, episode.observation, action),
+            world_prompt(episode.goal, episode.first_observation, recent_pairs(episode.history, self.history_length),
+                         step, episode.observation, action),
             (self._batch, slot, episode.resets, step))
         if answers is None:
             self._episodes.pop(slot)
@@ -150,7 +150,7 @@ class WorldModelPool:
         step = len(history)
         answers = await self._sample(
             world_prompt(trajectory.goal, trajectory.turns[0].observation,
-                         history[-self.history_length:] if self.history_length else [], step,
+                         recent_pairs(history, self.history_length), step,
                          trajectory.turns[-1].observation, actions[-1]),
             (self._batch, slot, 0, step))
         if answers is None:

@@ -288,9 +288,7 @@ class Trainer:
         if factors is None and tokens.count:
             raise ValueError(f"the batch carries no {WORLD_MODEL_WEIGHT} (Trajectory.world_model_weight) for "
                              "a trainer that denoises world-model rollouts")
-        factors = factors if tokens.count else torch.zeros(0)
-        before, after = self._sum_over_ranks([float(weights.double().sum()), float((weights.double() * factors).sum())])
-        return reweight(weights, factors, before, after)
+        return self._scaled_keeping_total(weights, factors if tokens.count else torch.zeros(0))[0]
 
     def _familiarity_weights(self, weights: torch.Tensor, tokens: ActionTokens) -> tuple[torch.Tensor, float | None]:
         """The loss mode's weights scaled by familiarity (w' = w g W / W', sums over all ranks), and the
@@ -302,8 +300,12 @@ class Trainer:
         if values is None and tokens.count:
             raise ValueError(f"familiarity.signal={fam.signal} is not in the batch: the teacher scored no "
                              f"{fam.signal} (action_entropy from a vllm teacher needs familiarity.topk)")
-        factors = (familiarity_factors(values, fam.mode, fam.signal, fam.threshold, fam.temperature)
-                   if tokens.count else torch.zeros(0))
+        return self._scaled_keeping_total(weights, familiarity_factors(
+            values, fam.mode, fam.signal, fam.threshold, fam.temperature) if tokens.count else torch.zeros(0))
+
+    def _scaled_keeping_total(self, weights: torch.Tensor, factors: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """w' = w g W / W' with W = sum w and W' = sum w g over all ranks (a collective: every rank
+        calls it), and the share W' / W the factors kept (0 when W is 0)."""
         before, after = self._sum_over_ranks([float(weights.double().sum()), float((weights.double() * factors).sum())])
         return reweight(weights, factors, before, after), after / before if before > 0 else 0.0
 
