@@ -3,6 +3,7 @@ two regimes, at least 3 seeds per arm, paired (same models, tasks and seeds), ru
 
     python benchmarks/frontier_alfworld.py                    # both regimes, 3 seeds (hours on 2 cores)
     python benchmarks/frontier_alfworld.py --regimes headroom --seeds 3
+    python benchmarks/frontier_alfworld.py --regimes world_model --methods vanilla_opd,vanilla_opd_world_model
     turnopd frontier runs/frontier_alfworld/headroom/*/ --md  # the tables again, from the runs alone
 
 Regimes (both on recipes/quickstart.yaml: the tiny teacher, look_at_obj_in_light train games for
@@ -16,9 +17,10 @@ final sampled Avg@4 at the rollouts' temperature):
   vanilla_opd, turnopd, turnopd_continuous.
 - familiarity: headroom's settings; turnopd against turnopd with a familiarity weight and gate on
   the teacher's action entropy (recipes/methods/turnopd_familiarity_*.yaml, turnopd.algorithm.familiarity).
-- world_model: turnopd against turnopd_world_model (recipes/methods/turnopd_world_model.yaml; the
-  world model of recipes/alfworld/world_model.yaml, built first when missing) at 0 and 0.25 s of
-  simulated latency per real env request, 8 steps, held-out Avg@1 at the end.
+- world_model: vanilla_opd and turnopd, each without and with world-model rollouts
+  (recipes/methods/*_world_model.yaml; the world model of recipes/alfworld/world_model.yaml, built
+  first when missing) at 0 and 0.25 s of simulated latency per real env request, 8 steps, held-out
+  Avg@1 at the end.
 - relabelled_teacher: headroom's settings, turnopd from the SFT teacher (sweep expert_teacher) and
   from the teacher made familiar with the student's states (sweep relabelled_teacher:
   recipes/alfworld/teacher_dagger.yaml, built on first use), same seeds, then one frontier of both.
@@ -34,11 +36,13 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from turnopd.analysis.frontier import load_run
 from turnopd.orchestration.sweep import run_state
 
 WORLD_MODEL = "runs/world_models/alfworld"  # recipes/alfworld/world_model.yaml's output_dir, which
@@ -54,7 +58,7 @@ REGIMES = {
     # world-model rollouts (turnopd.rollout.world_model) against real ones, at no added env latency and at
     # 0.25 s a real env request (env.step_latency_s: a stand-in for a remote sandbox); 8 steps, the
     # held-out greedy Avg@1 at the end only (every evaluation plays the real env, latency included)
-    "world_model": [(f"world_model_latency{latency}", "turnopd,turnopd_world_model", [
+    "world_model": [(f"world_model_latency{latency}", "vanilla_opd,vanilla_opd_world_model,turnopd,turnopd_world_model", [
         f"env.step_latency_s={latency}", "trainer.steps=8", "eval.at_start=false", "eval.teacher=false",
         "eval.final_k=null"]) for latency in ("0", "0.25")],
     "paper": [("paper", "vanilla_opd,turnopd,turnopd_continuous", [
@@ -75,16 +79,46 @@ def save_runs(runs_dir: Path, save_dir: Path) -> None:
     print(f"saved the complete runs of {runs_dir} to {save_dir}")
 
 
+def world_model_pairs(runs_dir: Path) -> None:
+    """Each arm against its world-model twin, per latency, paired by seed: training time (mean), the
+    per-seed ratio plain / world model (median and range: > 1 means world-model rollouts are faster),
+    real env steps and world-model steps per run."""
+    runs = [load_run(p.parent) for p in sorted(runs_dir.glob("*/metrics.jsonl"))]
+    by_key = {(run.name.split("-")[0], run.method, run.seed): run for run in runs if run.complete}
+    print("| sweep | arm | training time (mean) | plain / world model, per seed | real env / world-model steps |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    plain_arms = sorted({(sweep, method) for sweep, method, _ in by_key if not method.endswith("_world_model")})
+    for sweep, method in plain_arms:
+        for arm in (method, f"{method}_world_model"):
+            seeds = sorted(s for (w, m, s) in by_key if (w, m) == (sweep, arm))
+            group = [by_key[(sweep, arm, s)] for s in seeds]
+            if not group:
+                continue
+            steps = {key: statistics.fmean(sum(r.get(key) or 0 for r in run.train) for run in group)
+                     for key in ("env_steps", "world_model_steps")}
+            ratios = sorted(by_key[(sweep, method, s)].train_time_s / by_key[(sweep, arm, s)].train_time_s
+                            for s in seeds if (sweep, method, s) in by_key)
+            ratio = "" if arm == method or not ratios else (
+                f"{statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}, {len(ratios)} seeds)")
+            print(f"| {sweep} | {arm} | {statistics.fmean(r.train_time_s for r in group):.1f} s | {ratio} | "
+                  f"{steps['env_steps']:,.0f} / {steps['world_model_steps']:,.0f} |")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--regimes", default=",".join(REGIMES), help=f"comma-separated: {', '.join(REGIMES)}")
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--methods", help="only these of each regime's arms (comma-separated)")
     p.add_argument("--out-dir", default="runs/frontier_alfworld")
     p.add_argument("--save-to", default="benchmarks/results/frontier_alfworld",
                    help="where each complete run's metrics.jsonl and config.yaml are copied")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides for every run")
     args = p.parse_args()
     start, code = time.perf_counter(), 0
+    chosen = args.methods.split(",") if args.methods else None
+    arms = {m for regime in args.regimes.split(",") for _, methods, _ in REGIMES[regime] for m in methods.split(",")}
+    if chosen and not set(chosen) <= arms:
+        p.error(f"--methods: {', '.join(sorted(set(chosen) - arms))} not among the regimes' arms {', '.join(sorted(arms))}")
     if "world_model" in args.regimes.split(",") and not Path(WORLD_MODEL, "world_model.json").is_file():
         print(f"== building the world model {WORLD_MODEL}", flush=True)
         code = subprocess.call([sys.executable, "-m", "turnopd.cli", "world-model", "train",
@@ -92,6 +126,9 @@ def main() -> int:
     for regime in args.regimes.split(","):
         out_dir = f"{args.out_dir}/{regime}"
         for sweep, methods, overrides in REGIMES[regime]:
+            methods = ",".join(m for m in methods.split(",") if chosen is None or m in chosen)
+            if not methods:
+                continue
             plot = "frontier.png" if len(REGIMES[regime]) == 1 else f"{sweep}-frontier.png"
             command = [sys.executable, "-m", "turnopd.cli", "sweep", "recipes/quickstart.yaml", "--methods", methods,
                        "--seeds", str(args.seeds), "--name", sweep, "--out-dir", out_dir, "--md",
@@ -99,12 +136,14 @@ def main() -> int:
             print(f"== regime {regime}, sweep {sweep}\n$ " + " ".join(command), flush=True)
             code = subprocess.call(command) or code
         if len(REGIMES[regime]) > 1:  # the sweeps' runs side by side, against the first sweep's first method
-            baseline = REGIMES[regime][0][1].split(",")[0]
+            baseline = next(m for m in REGIMES[regime][0][1].split(",") if chosen is None or m in chosen)
             command = [sys.executable, "-m", "turnopd.cli", "frontier", *sorted(str(p.parent) for p in
                        Path(out_dir).glob("*/metrics.jsonl")), "--md", "--baseline", baseline,
                        "--out", f"{out_dir}/frontier.png"]
             print(f"== regime {regime}: all its runs\n$ " + " ".join(command), flush=True)
             code = subprocess.call(command) or code
+        if regime == "world_model":
+            world_model_pairs(Path(out_dir))
         save_runs(Path(out_dir), Path(args.save_to) / regime)
     print(f"experiment finished in {(time.perf_counter() - start) / 60:.1f} min (exit {code})")
     return code

@@ -17,6 +17,7 @@ from tests.test_faults import fill, small_disk
 from turnopd.config import RecipeError
 from turnopd.core.checkpoint import list_checkpoints
 from turnopd.core.metrics import read_metrics
+from turnopd.models import weights_fingerprint
 from turnopd.orchestration.distill import run_distillation
 from turnopd.orchestration.pipeline import sample_tasks
 from turnopd.orchestration.preflight import check_resume_config, dry_run
@@ -125,6 +126,13 @@ def test_run_records_then_kill_and_resume_continue_exactly(models, uninterrupted
     records = read_metrics(run_a / "metrics.jsonl")
     kinds = [r["kind"] for r in records]
     assert kinds == ["start", "eval", "train", "train", "train", "train", "eval"]
+    # which builds it distilled: the student's and the teacher's folders, fingerprinted (the teacher
+    # differs from the student, both have weights)
+    models_used = records[0]["models"]
+    assert models_used["student"]["path"] == str(models / "student")
+    assert models_used["student"]["weights"] == weights_fingerprint(models / "student") is not None
+    teacher_weights = weights_fingerprint(models_used["teacher:alfworld"]["path"])
+    assert models_used["teacher:alfworld"]["weights"] == teacher_weights not in (None, models_used["student"]["weights"])
     train = _train_records(run_a)
     assert [r["step"] for r in train] == [1, 2, 3, 4]
     assert [r["probed"] for r in train] == [False, True, False, True]  # warm-up 1, then every 2

@@ -21,6 +21,7 @@ from turnopd.analysis.frontier import (
     compare,
     load_run,
     mean_curve,
+    mixed_builds,
     pareto_front,
     phase_shares,
     speedup,
@@ -34,13 +35,13 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def write_run(root: Path, name: str, *, method: str, seed: int = 0, total_steps: int,
               train: list[tuple[int, float]], evals: list[tuple[int, float, float]],
-              config: dict | None = None, **train_fields) -> Path:
+              config: dict | None = None, models: dict | None = None, **train_fields) -> Path:
     """A run folder: train = [(step, train_time_s)], evals = [(step, train_time_s, avg_at_k)];
-    train_fields are added to every train record."""
+    models: the start record's; train_fields are added to every train record."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
     records = [{"kind": "start", "name": name, "method": method, "seed": seed, "total_steps": total_steps,
-                "resumed_from_step": 0}]
+                "resumed_from_step": 0, **({"models": models} if models else {})}]
     records += [{"kind": "train", "step": s, "train_time_s": t, "wall_time_s": t, **train_fields}
                 for s, t in train]
     records += [{"kind": "eval", "step": s, "train_time_s": t, "split": "valid_unseen", "k": 1, "avg_at_k": a,
@@ -262,6 +263,38 @@ def test_runs_with_the_same_seed_are_not_aggregated(tmp_path: Path):
                       evals=[(1, 1.0, acc)]) for name, acc in (("first", 0.4), ("rerun", 0.6))]
     cmp = compare([load_run(d) for d in dirs])
     assert [(r.group.label, r.final.mean) for r in cmp.rows] == [("first", 0.4), ("rerun", 0.6)]
+
+
+def builds(student: str, teacher: str, teacher_path: str = "/m/teacher") -> dict:
+    return {"student": {"path": "/m/student", "weights": student},
+            "teacher:alfworld": {"path": teacher_path, "weights": teacher}}
+
+
+def test_runs_of_two_builds_of_one_model_folder_are_named(tmp_path: Path, capsys):
+    # s0, s1 on one teacher build, s2 on another (say, built again on another install); the
+    # relabelled teacher is another folder, so it differs on purpose; the old run has no record
+    specs = {"turnopd-s0": builds("aa", "t1"), "turnopd-s1": builds("aa", "t1"), "turnopd-s2": builds("aa", "t2"),
+             "relabelled-s0": builds("aa", "t9", "/m/teacher_dagger"), "old": None}
+    dirs = [write_run(tmp_path, name, method="turnopd", seed=i, total_steps=1, train=[(1, 1.0)],
+                      evals=[(1, 1.0, 0.5)], models=models) for i, (name, models) in enumerate(specs.items())]
+    runs = [load_run(d) for d in dirs]
+    assert mixed_builds(runs) == ["teacher:alfworld /m/teacher has 2 builds among these runs: "
+                                  "t1 in turnopd-s0, turnopd-s1; t2 in turnopd-s2"]
+    assert mixed_builds(runs[:2] + runs[3:]) == []
+    assert main(["frontier", *map(str, dirs), "--md", "--out", str(tmp_path / "f.png")]) == 0
+    assert ("WARNING: teacher:alfworld /m/teacher has 2 builds among these runs: t1 in turnopd-s0, turnopd-s1; "
+            "t2 in turnopd-s2; differences between those runs mix the builds.") in capsys.readouterr().out
+
+
+def test_a_run_resumed_on_another_build_is_named(tmp_path: Path):
+    run_dir = write_run(tmp_path, "r", method="turnopd", total_steps=2, train=[(1, 1.0), (2, 2.0)],
+                        evals=[(2, 2.0, 0.5)], models=builds("aa", "t1"))
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"kind": "start", "name": "r", "method": "turnopd", "seed": 0, "total_steps": 2,
+                            "resumed_from_step": 1, "models": builds("aa", "t2")}) + "\n")
+    with pytest.warns(UserWarning, match="its starts name different model weights"):
+        run = load_run(run_dir)
+    assert run.models == builds("aa", "t2")
 
 
 def test_phase_shares_are_of_the_training_clock(tmp_path: Path):

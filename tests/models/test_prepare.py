@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from turnopd.cli import main
-from turnopd.models import BUILD_INFO, ModelPrepareError, prepare_model
+from turnopd.models import BUILD_INFO, ModelPrepareError, prepare_model, weights_fingerprint
 
 STUDENT_SIZE = {"hidden_size": 32, "num_heads": 1, "num_layers": 1, "max_position_embeddings": 512}
 
@@ -77,3 +78,22 @@ def test_smollm2_prepare_from_the_gguf(tmp_path: Path, capsys: pytest.CaptureFix
     assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     assert tok.model_max_length == model.config.max_position_embeddings == 8192
     assert main(["model", "prepare", "smollm2-135m", "--out", str(out)]) == 0  # found, not rebuilt
+
+
+def test_weights_fingerprint_hashes_the_weight_files_only(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model-2.safetensors").write_bytes(b"second")
+    (model / "model-1.safetensors").write_bytes(b"first")
+    (model / "adapter.bin").write_bytes(b"\x00\x01")
+    (model / "config.json").write_text("{}")
+    # by hand: each weight file's name, a NUL and its bytes, in name order; 16 hex digits
+    expected = hashlib.sha256(b"adapter.bin\x00\x00\x01" b"model-1.safetensors\x00first"
+                              b"model-2.safetensors\x00second").hexdigest()[:16]
+    assert weights_fingerprint(model) == expected
+    (model / "config.json").write_text('{"changed": true}')  # not weights
+    assert weights_fingerprint(model) == expected
+    (model / "model-2.safetensors").write_bytes(b"secone")
+    assert weights_fingerprint(model) != expected
+    assert weights_fingerprint("Qwen/Qwen3-1.7B") is None  # a hub name
+    assert weights_fingerprint(tmp_path) is None  # no weight files

@@ -99,6 +99,7 @@ class Run:
     recipe_key: str | None  # config.yaml without the per-run keys; None when there is no config.yaml
     final_eval: EvalPoint | None = None  # the final sampled evaluation, when the run made one
     teacher: float | None = None  # the teacher's Avg@k on the same tasks
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)  # the start record's: {role: {path, weights}}
 
     @property
     def final(self) -> EvalPoint | None:
@@ -146,6 +147,9 @@ def load_run(run_dir: str | Path) -> Run:
     where = str(metrics_path)
     starts = [r for r in records if r.get("kind") == "start"]
     start = starts[-1] if starts else {}
+    if len({json.dumps(r["models"], sort_keys=True) for r in starts if r.get("models")}) > 1:
+        warnings.warn(f"{where}: its starts name different model weights (resumed on another build): "
+                      f"{starts[0].get('models')} then {start.get('models')}", stacklevel=2)
     train = sorted((r for r in records if r.get("kind") == "train"),
                    key=lambda r: _required(r, "step", where))
     for r in train:
@@ -185,7 +189,7 @@ def load_run(run_dir: str | Path) -> Run:
         total_steps=start.get("total_steps"), train=train, evals=[by_step[s] for s in sorted(by_step)],
         eval_time_s=eval_time_s, k=eval_records[-1].get("k") if eval_records else None, split=split,
         recipe_key=recipe_key, final_eval=final_eval,
-        teacher=float(teachers[-1]["avg_at_k"]) if teachers else None,
+        teacher=float(teachers[-1]["avg_at_k"]) if teachers else None, models=start.get("models") or {},
     )
 
 
@@ -444,6 +448,20 @@ class RunGroup:
 
     def curve(self, by: Axis) -> list[CurvePoint]:
         return mean_curve([run.evals for run in self.runs], by)
+
+
+def mixed_builds(runs: Sequence[Run]) -> list[str]:
+    """One line per model folder that the runs name with more than one weights fingerprint (start
+    records' `models`): runs of different builds of one folder are not paired replicates, however
+    alike their configs (runs without fingerprints, older ones, are not checked)."""
+    builds: dict[tuple[str, str], dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        for role, model in run.models.items():
+            if model.get("weights"):
+                builds[(role, model["path"])][model["weights"]].append(run.name)
+    return [f"{role} {path} has {len(by_weights)} builds among these runs: "
+            + "; ".join(f"{weights} in {', '.join(names)}" for weights, names in by_weights.items())
+            for (role, path), by_weights in builds.items() if len(by_weights) > 1]
 
 
 def group_runs(runs: Sequence[Run]) -> list[RunGroup]:

@@ -28,6 +28,7 @@ from turnopd.analysis.frontier import (
     Run,
     compare,
     load_run,
+    mixed_builds,
 )
 from turnopd.analysis.plot import INTERPOLATION_NOTE, metric_name, plot_frontier
 from turnopd.core.ledger import RESOURCES
@@ -218,6 +219,7 @@ def notes(cmp: Comparison, runs: Sequence[Run]) -> list[str]:
     ks = {run.k for run in runs if run.k is not None}
     if len(ks) > 1 or len(splits) > 1:
         lines.append(f"WARNING: runs were evaluated differently (k in {sorted(ks)}, splits {splits}).")
+    lines += [f"WARNING: {line}; differences between those runs mix the builds." for line in mixed_builds(runs)]
     return lines
 
 

@@ -1,7 +1,9 @@
 """runs/<name>/metrics.jsonl: one JSON object per line, appended, flushed and fsynced per record.
 
 Record kinds (field "kind"):
-- "start": a (re)start of the run: name, method, seed, total_steps, resumed_from_step.
+- "start": a (re)start of the run: name, method, seed, total_steps, resumed_from_step, world_size,
+  models {student, teacher:<env>[, teacher:<env>:adapter]: {path, weights (a fingerprint of the
+  weight files, turnopd.models.weights_fingerprint; None for a hub name)}}.
 - "train": one optimizer step. step (1-based count of optimizer steps done), train_time_s (training
   wall-clock so far: excludes eval and checkpoint), wall_time_s (everything since the run began),
   phases {phase: seconds this step: rollout or probe, train, weight_sync, trainer_idle; they add

@@ -11,7 +11,8 @@ from turnopd.models.base import (
     default_model_dir,
     prepare_model,
     read_build_info,
+    weights_fingerprint,
 )
 
 __all__ = ["BUILD_INFO", "MODELS_DIR", "MODEL_PREPARERS", "ModelPrepareError", "building", "default_model_dir",
-           "prepare_model", "read_build_info"]
+           "prepare_model", "read_build_info", "weights_fingerprint"]

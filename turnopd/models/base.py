@@ -26,6 +26,7 @@ and student must share one tokenizer (checked at start-up).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import shutil
 import tempfile
@@ -48,6 +49,27 @@ class ModelPrepareError(RuntimeError):
 
 def default_model_dir(name: str) -> Path:
     return MODELS_DIR / name
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+
+
+def weights_fingerprint(folder: str | Path) -> str | None:
+    """The first 16 hex digits of a sha256 over a model folder's weight files (each file's name, a
+    NUL, its bytes; files in name order), or None where `folder` is not a local folder holding
+    weights (a hub name). Two runs naming one folder with different fingerprints were distilled from
+    different builds of it (a teacher built again on another install)."""
+    path = Path(folder).expanduser()
+    files = sorted(p for p in path.iterdir() if p.suffix in WEIGHT_SUFFIXES) if path.is_dir() else []
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(file.name.encode() + b"\0")
+        with file.open("rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()[:16]
 
 
 def read_build_info(folder: Path) -> dict[str, Any] | None:

@@ -45,7 +45,7 @@ from turnopd.core.progress import StepProgress, print_summary
 from turnopd.core.tracking import TRACKERS, TrackedRun
 from turnopd.core.types import EpisodeSummary, build_token_batch, describe_env_errors, env_errors
 from turnopd.engines.hf_models import load_model, load_student
-from turnopd.models import prepare_model
+from turnopd.models import prepare_model, weights_fingerprint
 from turnopd.orchestration.pipeline import BatchPlan, PipelineStats, open_rollouts, plan_batch
 from turnopd.orchestration.preflight import Setup, check_setup, run_dir_for
 from turnopd.orchestration.sft import build_missing_teacher
@@ -72,7 +72,7 @@ class RunLog:
     and flushed: the run's record), the same records to each tracker of `tracking`
     (turnopd.core.tracking), the eval lines a person reads and, at the end, frontier.png."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, ledger: Ledger, start_step: int):
+    def __init__(self, cfg: RunConfig, run_dir: Path, ledger: Ledger, start_step: int, models: dict[str, Any]):
         rank, world = rank_and_world()
         self.ledger, self.is_main, self.run_dir, self.step = ledger, rank == 0, run_dir, start_step
         self.writer, self.trackers = None, []
@@ -84,7 +84,7 @@ class RunLog:
         self.writer = MetricsWriter(run_dir / "metrics.jsonl")
         self.writer.write({"kind": "start", "name": cfg.name, "method": method_of(dataclasses.asdict(cfg)),
                            "seed": cfg.seed, "total_steps": cfg.trainer.steps, "resumed_from_step": start_step,
-                           "world_size": world})
+                           "world_size": world, "models": models})
         tracked = TrackedRun(run_dir, cfg.name, dataclasses.asdict(cfg), start_step)
         self.trackers = [TRACKERS.get(name)(tracked) for name in cfg.tracking]
 
@@ -203,8 +203,16 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> Run:
         dropped = truncate_after_step(run_dir / "metrics.jsonl", start_step)
         if start_step:
             print(f"resuming {run_dir} from step {start_step} ({dropped} records past it dropped)")
-    log = RunLog(cfg, run_dir, ledger, start_step)
+    log = RunLog(cfg, run_dir, ledger, start_step, model_builds(setup) if rank_and_world()[0] == 0 else {})
     return Run(cfg, setup, run_dir, start_step, ledger, log, trainer, tokenizer, policy, teachers, depth)
+
+
+def model_builds(setup: Setup) -> dict[str, dict[str, Any]]:
+    """Which weights the run distills (the start record's `models`): each model's folder and its
+    weights' fingerprint, so that `turnopd frontier` tells runs of two builds of one folder apart."""
+    models = {"student": setup.student_path, **{f"teacher:{env}": spec.model for env, spec in setup.teacher_specs.items()},
+              **{f"teacher:{env}:adapter": spec.adapter for env, spec in setup.teacher_specs.items() if spec.adapter}}
+    return {role: {"path": str(path), "weights": weights_fingerprint(path)} for role, path in models.items()}
 
 
 def run_eval(cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Policy, step: int, k: int | None = None
