@@ -115,10 +115,10 @@ def main() -> int:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides for every run")
     args = p.parse_args()
     start, code = time.perf_counter(), 0
-    chosen = args.methods.split(",") if args.methods else None
     arms = {m for regime in args.regimes.split(",") for _, methods, _ in REGIMES[regime] for m in methods.split(",")}
-    if chosen and not set(chosen) <= arms:
-        p.error(f"--methods: {', '.join(sorted(set(chosen) - arms))} not among the regimes' arms {', '.join(sorted(arms))}")
+    chosen = set(args.methods.split(",")) if args.methods else arms
+    if not chosen <= arms:
+        p.error(f"--methods: {', '.join(sorted(chosen - arms))} not among the regimes' arms {', '.join(sorted(arms))}")
     if "world_model" in args.regimes.split(",") and not Path(WORLD_MODEL, "world_model.json").is_file():
         print(f"== building the world model {WORLD_MODEL}", flush=True)
         code = subprocess.call([sys.executable, "-m", "turnopd.cli", "world-model", "train",
@@ -126,7 +126,7 @@ def main() -> int:
     for regime in args.regimes.split(","):
         out_dir = f"{args.out_dir}/{regime}"
         for sweep, methods, overrides in REGIMES[regime]:
-            methods = ",".join(m for m in methods.split(",") if chosen is None or m in chosen)
+            methods = ",".join(m for m in methods.split(",") if m in chosen)
             if not methods:
                 continue
             plot = "frontier.png" if len(REGIMES[regime]) == 1 else f"{sweep}-frontier.png"
@@ -136,7 +136,7 @@ def main() -> int:
             print(f"== regime {regime}, sweep {sweep}\n$ " + " ".join(command), flush=True)
             code = subprocess.call(command) or code
         if len(REGIMES[regime]) > 1:  # the sweeps' runs side by side, against the first sweep's first method
-            baseline = next(m for m in REGIMES[regime][0][1].split(",") if chosen is None or m in chosen)
+            baseline = next(m for m in REGIMES[regime][0][1].split(",") if m in chosen)
             command = [sys.executable, "-m", "turnopd.cli", "frontier", *sorted(str(p.parent) for p in
                        Path(out_dir).glob("*/metrics.jsonl")), "--md", "--baseline", baseline,
                        "--out", f"{out_dir}/frontier.png"]

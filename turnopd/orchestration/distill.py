@@ -72,7 +72,7 @@ class RunLog:
     and flushed: the run's record), the same records to each tracker of `tracking`
     (turnopd.core.tracking), the eval lines a person reads and, at the end, frontier.png."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, ledger: Ledger, start_step: int, models: dict[str, Any]):
+    def __init__(self, cfg: RunConfig, run_dir: Path, ledger: Ledger, start_step: int, setup: Setup):
         rank, world = rank_and_world()
         self.ledger, self.is_main, self.run_dir, self.step = ledger, rank == 0, run_dir, start_step
         self.writer, self.trackers = None, []
@@ -84,7 +84,7 @@ class RunLog:
         self.writer = MetricsWriter(run_dir / "metrics.jsonl")
         self.writer.write({"kind": "start", "name": cfg.name, "method": method_of(dataclasses.asdict(cfg)),
                            "seed": cfg.seed, "total_steps": cfg.trainer.steps, "resumed_from_step": start_step,
-                           "world_size": world, "models": models})
+                           "world_size": world, "models": model_builds(setup)})
         tracked = TrackedRun(run_dir, cfg.name, dataclasses.asdict(cfg), start_step)
         self.trackers = [TRACKERS.get(name)(tracked) for name in cfg.tracking]
 
@@ -203,7 +203,7 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> Run:
         dropped = truncate_after_step(run_dir / "metrics.jsonl", start_step)
         if start_step:
             print(f"resuming {run_dir} from step {start_step} ({dropped} records past it dropped)")
-    log = RunLog(cfg, run_dir, ledger, start_step, model_builds(setup) if rank_and_world()[0] == 0 else {})
+    log = RunLog(cfg, run_dir, ledger, start_step, setup)
     return Run(cfg, setup, run_dir, start_step, ledger, log, trainer, tokenizer, policy, teachers, depth)
 
 
