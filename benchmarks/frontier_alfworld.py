@@ -82,10 +82,11 @@ def save_runs(runs_dir: Path, save_dir: Path) -> None:
 def world_model_pairs(runs_dir: Path) -> None:
     """Each arm against its world-model twin, per latency, paired by seed: training time (mean), the
     per-seed ratio plain / world model (median and range: > 1 means world-model rollouts are faster),
-    real env steps and world-model steps per run."""
+    real env steps, world-model episode steps and the world model's verdict steps per run."""
     runs = [load_run(p.parent) for p in sorted(runs_dir.glob("*/metrics.jsonl"))]
     by_key = {(run.name.split("-")[0], run.method, run.seed): run for run in runs if run.complete}
-    print("| sweep | arm | training time (mean) | plain / world model, per seed | real env / world-model steps |")
+    print("| sweep | arm | training time (mean) | plain / world model, per seed | real env / world-model episode / "
+          "verdict steps |")
     print("| --- | --- | ---: | ---: | ---: |")
     plain_arms = sorted({(sweep, method) for sweep, method, _ in by_key if not method.endswith("_world_model")})
     for sweep, method in plain_arms:
@@ -95,13 +96,14 @@ def world_model_pairs(runs_dir: Path) -> None:
             if not group:
                 continue
             steps = {key: statistics.fmean(sum(r.get(key) or 0 for r in run.train) for run in group)
-                     for key in ("env_steps", "world_model_steps")}
+                     for key in ("env_steps", "world_model_steps", "world_model_verdict_steps")}
             ratios = sorted(by_key[(sweep, method, s)].train_time_s / by_key[(sweep, arm, s)].train_time_s
                             for s in seeds if (sweep, method, s) in by_key)
             ratio = "" if arm == method or not ratios else (
                 f"{statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}, {len(ratios)} seeds)")
             print(f"| {sweep} | {arm} | {statistics.fmean(r.train_time_s for r in group):.1f} s | {ratio} | "
-                  f"{steps['env_steps']:,.0f} / {steps['world_model_steps']:,.0f} |")
+                  f"{steps['env_steps']:,.0f} / {steps['world_model_steps']:,.0f} / "
+                  f"{steps['world_model_verdict_steps']:,.0f} |")
 
 
 def main() -> int:

@@ -114,3 +114,14 @@ def trajectory_transitions(trajectory: Trajectory, parse_action: Callable[[str],
     steps = [(turn.observation, parse_action(turn.action_text).action) for turn in trajectory.turns]
     return episode_transitions(trajectory.task_id, trajectory.goal, steps, trajectory.final_observation,
                                trajectory.ended, trajectory.success, history_length, "student")
+
+
+def split_episodes(transitions: Sequence[Transition]) -> list[list[Transition]]:
+    """Transitions in the order `episode_transitions` wrote them, cut into their episodes (a new one at
+    each step 0)."""
+    episodes: list[list[Transition]] = []
+    for t in transitions:
+        if t.step == 0 or not episodes:
+            episodes.append([])
+        episodes[-1].append(t)
+    return episodes

@@ -52,6 +52,8 @@ def test_defaults_compose_in_order_then_overrides(recipes):
     (["world_model.path=/wm", "world_model.real_fraction=0"], "'world_model.real_fraction': 0 leaves no real"),
     (["world_model.real_fraction=1.5"], "recipe key 'world_model.real_fraction': 1.5 is out of range [0.0, 1.0]"),
     (["world_model.samples=0"], "recipe key 'world_model.samples': 0 is out of range"),
+    (["world_model.verdict=final"], "recipe key 'world_model.verdict': 'final' is not allowed; allowed: last_turn, "
+                                    "replay"),
     (["loss.mode=constant"], "loss.mode=constant needs constant_k > 0"),
     (["env.name=webshop", "depth.h_max=15", "env.max_turns=15"], "no teacher for env 'webshop'"),
     (["trainer.steps"], "overrides must be key=value"),

@@ -94,6 +94,8 @@ def test_world_model_recipes_validate_and_name_a_bad_key(recipe, capsys):
     assert OmegaConf.create(capsys.readouterr().out).data.expert_episodes == cfg.data.expert_episodes
     assert main(["world-model", "train", str(recipe), "data.held_out_episodes=0"]) == 2
     assert "recipe key 'data.held_out_episodes': 0 is out of range" in capsys.readouterr().err
+    assert main(["world-model", "eval", str(recipe), "data.held_out_episodes=0"]) == 2  # checked before any work
+    assert "recipe key 'data.held_out_episodes': 0 is out of range" in capsys.readouterr().err
 
 
 CPU_RECIPES = [r for r in DISTILL_RECIPES if "gpu" not in r.relative_to(RECIPES_DIR).parts]

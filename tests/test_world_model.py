@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from envs.transitions import Transition
+from envs.transitions import Transition, episode_transitions, split_episodes
 from turnopd.algorithm.world_model import (
     debiased_mean,
     expected_calibration_error,
@@ -15,7 +15,10 @@ from turnopd.algorithm.world_model import (
     token_f1,
     trajectory_variance,
 )
-from turnopd.orchestration.world_model import fidelity_table
+from turnopd.core.types import EpisodeSummary
+from turnopd.orchestration.distill import world_model_record
+from turnopd.orchestration.world_model import fidelity_table, replay_table
+from turnopd.rollout.world_model import Verdict
 
 # ------------------------------------------------------------------------- Online Debiasing
 
@@ -65,6 +68,29 @@ def test_debiased_mean_removes_an_optimistic_models_bias_on_average():
         debiased.append(result.estimate)
     assert sum(raw) / len(raw) == pytest.approx(0.7, abs=0.01)
     assert sum(debiased) / len(debiased) == pytest.approx(0.4, abs=0.015)
+
+
+def _episode(success: bool, depth: int, *, world_model: bool = False, predicted: float | None = None,
+             verdict_steps: int = 0, env_error: str = "") -> EpisodeSummary:
+    return EpisodeSummary("t", "look", success, depth, False, 0, 0, env_error, world_model=world_model,
+                          predicted_success=predicted, verdict_steps=verdict_steps)
+
+
+def test_a_steps_world_model_record_by_hand():
+    episodes = [_episode(True, 5, world_model=True), _episode(True, 7, world_model=True),
+                _episode(False, 9, world_model=True),
+                _episode(True, 8, predicted=1.0, verdict_steps=6),   # the replay won, as the env did
+                _episode(False, 10, predicted=1.0, verdict_steps=4),  # the replay won where the env did not
+                _episode(False, 3, predicted=None, verdict_steps=2),  # the replay gave no usable answer
+                _episode(False, 1, env_error="worker died")]          # the env failed: no outcome
+    record = world_model_record(episodes)
+    # model mean 2/3; bias over the two real episodes with verdicts ((1-1) + (1-0)) / 2 = 1/2;
+    # se^2 = Var(1,1,0)/3 + Var(0,1)/2 = (1/3)/3 + (1/2)/2 = 13/36
+    assert record == {"world_model_episodes": 3, "world_model_steps": 21, "world_model_verdict_steps": 12,
+                      "world_model_no_verdict": 1,
+                      "success_rate_real": 0.5, "success_rate_debiased": pytest.approx(1 / 6),
+                      "success_rate_debiased_stderr": pytest.approx(math.sqrt(13 / 36)),
+                      "world_model_bias": 0.5}
 
 
 def test_debiased_mean_refuses_unpaired_or_missing_real_episodes():
@@ -163,3 +189,38 @@ def test_fidelity_table_by_hand():
     # an answer without a status line: the status is wrong, the text is still compared
     unparsed = fidelity_table(transitions[:1], ["you see a mug 1"], probs[:1])["all"]
     assert unparsed.status_accuracy == 0.0 and unparsed.exact_match == 1.0
+
+
+def _episode_of(turns: int, won: bool, source: str) -> list[Transition]:
+    return episode_transitions("t", "goal", [(f"o{i}", f"a{i}") for i in range(turns)], "end", ended=won, won=won,
+                               history_length=1, source=source)
+
+
+def test_split_episodes_cuts_at_each_first_step():
+    a, b, c = _episode_of(3, True, "expert"), _episode_of(1, False, "expert"), _episode_of(2, False, "student")
+    assert split_episodes(a + b + c) == [a, b, c]
+    assert split_episodes([]) == []
+
+
+def test_replay_table_by_hand():
+    episodes = [_episode_of(4, True, "expert"), _episode_of(6, False, "expert"),
+                _episode_of(10, False, "student"), _episode_of(8, True, "student"), _episode_of(5, False, "student")]
+    verdicts = [Verdict(1.0, 4),   # won in both
+                Verdict(1.0, 3),   # the model won what the env did not, sooner
+                Verdict(0.0, 10),  # neither won
+                Verdict(0.0, 2),   # the model lost what the env won
+                Verdict(None, 1)]  # no usable answer: left out
+    table = replay_table(episodes, verdicts)
+    assert list(table) == ["all", "source=expert", "source=student"]
+    row = table["all"]  # judged: 4 episodes; env won 2, model won 2, same ending 2 (the 1st and 3rd)
+    assert (row.episodes, row.no_verdict) == (4, 1)
+    assert (row.won_real, row.won_replayed, row.same_ending) == (0.5, 0.5, 0.5)
+    assert (row.turns_real, row.turns_replayed) == ((4 + 6 + 10 + 8) / 4, (4 + 3 + 10 + 2) / 4)
+    expert = table["source=expert"]
+    assert (expert.won_real, expert.won_replayed, expert.same_ending, expert.turns_replayed) == (0.5, 1.0, 0.5, 3.5)
+    student = table["source=student"]
+    assert (student.episodes, student.no_verdict, student.won_real, student.won_replayed) == (2, 1, 0.5, 0.0)
+    nothing = replay_table(episodes[4:], verdicts[4:])["all"]
+    assert (nothing.episodes, nothing.no_verdict) == (0, 1) and math.isnan(nothing.won_real)
+    with pytest.raises(ValueError, match="2 episodes for 1 verdicts"):
+        replay_table(episodes[:2], verdicts[:1])

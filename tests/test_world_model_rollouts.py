@@ -79,10 +79,36 @@ def test_world_model_train_writes_the_model_and_its_fidelity_table(world):
         assert 0.0 <= row["status_accuracy"] <= 1.0
     assert 0.0 <= table["all"]["done_ece"] <= 1.0
     assert all(row["done_ece"] is None for key, row in table.items() if key.startswith("verb="))
+    # every held-out episode replayed: 2 expert and 2 student episodes, each ending once in the env
+    replay = result["replay"]
+    assert replay["all"]["episodes"] + replay["all"]["no_verdict"] == 4
+    assert sum(row["episodes"] + row["no_verdict"] for key, row in replay.items() if key != "all") == 4
+    ends = sum(t["transitions"] for key, t in table.items() if key.startswith("source="))
+    assert replay["all"]["turns_real"] * replay["all"]["episodes"] <= ends
+    for row in replay.values():
+        if row["episodes"]:
+            assert 0.0 <= min(row["won_real"], row["won_replayed"], row["same_ending"]) <= 1.0
+            assert 1.0 <= row["turns_replayed"] <= 8  # at most the episode's actions (max_turns 8)
     model = AutoModelForCausalLM.from_pretrained(wm)
     assert model.config.vocab_size == len(AutoTokenizer.from_pretrained(wm))
     cfg = load_world_model_recipe(str(root / "world_model.yaml"))
     assert cfg.data.student is not None
+
+
+def test_world_model_eval_measures_the_trained_model_again_without_training(world, tmp_path):
+    root, wm = world
+    before = json.loads((wm / "world_model.json").read_text())["result"]
+    out = _run("world-model", "eval", str(root / "world_model.yaml"))
+    assert "held-out episodes replayed in the model" in out
+    after = json.loads((wm / "world_model.json").read_text())["result"]
+    # the training record is kept; the held-out tables are measured again, on the same episodes
+    for key in ("train_transitions", "steps", "first_loss", "final_loss", "train_time_s"):
+        assert after[key] == before[key]
+    assert after["fidelity"]["all"]["transitions"] == before["fidelity"]["all"]["transitions"]
+    assert after["replay"]["all"]["episodes"] + after["replay"]["all"]["no_verdict"] == 4
+    done = subprocess.run([sys.executable, "-m", "turnopd.cli", "world-model", "eval", str(root / "world_model.yaml"),
+                           f"output_dir={tmp_path}"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and f"{tmp_path}/world_model.json not found: train the world model first" in done.stderr
 
 
 def _train(run: Path) -> list[dict]:
@@ -99,7 +125,7 @@ def test_distillation_plays_most_episodes_in_the_world_model_and_real_fraction_1
     assert f"world model: {wm} (held-out status accuracy" in checked
     # a cool sampling temperature: 40 steps taught this model the status line, not much of the text
     _run("distill", recipe, "name=mostly-model", f"world_model.path={wm}", "world_model.real_fraction=0.3",
-         "world_model.samples=2", "world_model.temperature=0.3")
+         "world_model.samples=2", "world_model.temperature=0.3", "world_model.verdict=replay")
     plain, all_real, mostly = (_train(root / "runs" / name) for name in ("plain", "all-real", "mostly-model"))
     # every episode real: the same episodes, the same losses (denoising weights all 1), to the tolerance
     # of tests/test_distill.py's same-steps check (generation batches requests as they come, and the
@@ -120,3 +146,10 @@ def test_distillation_plays_most_episodes_in_the_world_model_and_real_fraction_1
     assert all(math.isfinite(r["loss"]) for r in mostly)
     debiased = [r for r in mostly if r["success_rate_debiased"] is not None]
     assert debiased and all(0.0 <= r["success_rate_debiased"] <= 1.0 for r in debiased)
+    # the last-turn verdict (the default): one model step for each real episode
+    for r in all_real:
+        assert r["world_model_verdict_steps"] == r["episodes"] - r["env_failures"] - r["world_model_no_verdict"]
+    # replay verdicts play each real episode's actions in the model alongside it: at most its turns
+    assert all(r["world_model_verdict_steps"] <= r["env_steps"] for r in mostly)
+    assert sum(r["world_model_verdict_steps"] for r in mostly) > sum(r["episodes"] - r["world_model_episodes"]
+                                                                    for r in mostly) / 2

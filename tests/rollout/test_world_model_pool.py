@@ -1,5 +1,6 @@
 """WorldModelPool: real resets (cached per task), world-model steps from the envs.transitions prompt,
-the disagreement of K samples, endings from the status line, the verdict on a real episode. The world
+the disagreement of K samples, endings from the status line, the verdicts on a real episode
+(its actions replayed in the model, or its last transition). The world
 model is scripted here (its answers are what the test is about); tests/test_world_model_rollouts.py
 runs a trained one in real distillation."""
 
@@ -15,7 +16,7 @@ from envs.pool import EnvPool
 from turnopd.config import EnvConfig
 from turnopd.core.types import Trajectory, Turn
 from turnopd.rollout import Generation, SamplingParams
-from turnopd.rollout.world_model import NO_STATUS, WorldModelPool
+from turnopd.rollout.world_model import NO_STATUS, WorldModelPool, listed
 
 
 class ScriptedWorldModel:
@@ -86,17 +87,104 @@ def test_a_model_episode_resets_in_the_real_env_once_per_task_then_plays_the_mod
     assert world.model_steps == 3
 
 
-def test_the_verdict_on_a_real_episode_is_the_share_of_won_answers_to_its_last_transition(alfworld, tiny_model_dir):
+def _real_episode(turns: int) -> Trajectory:
+    return Trajectory(task_id="t", env_name="alfworld", goal="g", turns=[
+        Turn(index=i, observation=f"o{i}", prompt_ids=[1], action_ids=[2], student_logprobs=[0.0],
+             action_text=f"<action>a{i}</action>") for i in range(turns)])
+
+
+def test_the_last_turn_verdict_is_the_share_of_won_answers_to_the_real_last_transition(alfworld, tiny_model_dir):
     from transformers import AutoTokenizer
 
     spec, real = alfworld
     model = ScriptedWorldModel(AutoTokenizer.from_pretrained(tiny_model_dir),
                                ["won\nok", "continue\nno", "won\nok", "junk"])
     world = WorldModelPool(spec, real, model, history_length=1, max_observation_tokens=32, samples=4)
-    turns = [Turn(index=i, observation=f"o{i}", prompt_ids=[1], action_ids=[2], student_logprobs=[0.0],
-                  action_text=f"<action>a{i}</action>") for i in range(3)]
-    trajectory = Trajectory(task_id="t", env_name="alfworld", goal="g", turns=turns)
-    assert asyncio.run(world.predict_success(trajectory, slot=0)) == 0.5
+    assert asyncio.run(world.predict_success(_real_episode(3), slot=0)) == (0.5, 1)  # 2 of 4 say won
     assert model.prompts[0].count("Goal: g\nStart: o0\nRecent: [Observation 2: 'o1', Action 2: 'a1']\nNow: o2\n"
                                   "Action: a2") == 1
-    assert asyncio.run(world.predict_success(Trajectory(task_id="t", env_name="alfworld"), slot=0)) == 0.0
+    assert asyncio.run(world.predict_success(Trajectory(task_id="t", env_name="alfworld"), slot=0)) == (0.0, 0)
+
+
+@pytest.mark.parametrize(("answers", "verdict"), [
+    (["continue\nm1", "continue\nm2", "won\nm3"], (1.0, 3)),   # the model's first ending is won
+    (["continue\nm1", "lost\nm2"], (0.0, 2)),                  # ... is lost: the replay stops there
+    (["won\nm1"], (1.0, 1)),                                     # won sooner than the real episode ended
+    (["continue\nm1", "continue\nm2", "continue\nm3"], (0.0, 3)),  # the actions run out: not won
+    (["continue\nm1", "junk"], (None, 2)),                      # no status line: no verdict
+])
+def test_a_replay_is_the_models_ending_of_the_real_actions(alfworld, tiny_model_dir, answers, verdict):
+    from transformers import AutoTokenizer
+
+    spec, real = alfworld
+    model = ScriptedWorldModel(AutoTokenizer.from_pretrained(tiny_model_dir), answers)
+    world = WorldModelPool(spec, real, model, history_length=1, max_observation_tokens=32, samples=4, seed=5)
+    assert asyncio.run(world.replay("g", "o0", listed(["a0", "a1", "a2"]), slot=2)) == verdict
+    assert model.answers == []  # one answer a step, whatever `samples` is
+    # each step follows the model's own answers (m1), not the real observation (o1)
+    if len(model.prompts) > 1:
+        assert model.prompts[1].count("Goal: g\nStart: o0\nRecent: [Observation 1: 'o0', Action 1: 'a0']\nNow: m1\n"
+                                      "Action: a1") == 1
+
+
+def test_a_shadow_replays_a_real_episode_while_it_plays_as_a_replay_after_it_would(alfworld, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    spec, real = alfworld
+    task, actions = spec.tasks("train")[0], ["go to desk 1", "look", "go to bed 1"]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    answers = ["continue\nmodel one", "continue\nmodel two", "continue\nmodel three"] * 2
+    model = ScriptedWorldModel(tokenizer, answers[:3])
+    world = WorldModelPool(spec, real, model, history_length=1, max_observation_tokens=32, samples=2, seed=5)
+    busy: list[str] = []
+
+    @contextlib.contextmanager
+    def record(resource):
+        busy.append(resource)
+        yield
+
+    async def play():
+        world.start_batch(4)
+        shadow = world.shadow(real, slot=0, busy=record)
+        first = await shadow.reset_slot(0, task)
+        outcomes = [await shadow.step_slot(0, a) for a in actions]
+        shadow.end([0])
+        return first, outcomes, await shadow.verdict()
+
+    first, outcomes, verdict = asyncio.run(play())
+    # the episode plays the real env (its reset and answers are the env's, not the model's) ...
+    assert "world_model" not in first.info and first.observation.startswith("-= Welcome to TextWorld, ALFRED! =-")
+    assert not any("model" in o.observation for o in outcomes) and outcomes[0].observation
+    # ... and the model replayed its actions alongside, one step each, inside its busy time: no ending
+    assert verdict == (0.0, 3) and busy == ["world_model"] * 3
+    assert model.prompts[0].count(f"Goal: {first.info['task']}\nNow: {first.observation}\nAction: go to desk 1") == 1
+    # the same answers and sampling streams as a replay of the finished episode's actions
+    after = ScriptedWorldModel(tokenizer, answers[3:])
+    world = WorldModelPool(spec, real, after, history_length=1, max_observation_tokens=32, samples=2, seed=5)
+    world.start_batch(4)
+    assert asyncio.run(world.replay(first.info["task"], first.observation, listed(actions), slot=0)) == verdict
+    assert (after.prompts, after.seeds) == (model.prompts, model.seeds)
+
+
+def test_a_replay_samples_apart_from_the_model_episode_in_its_slot(alfworld, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    spec, real = alfworld
+    model = ScriptedWorldModel(AutoTokenizer.from_pretrained(tiny_model_dir), ["continue\nm"] * 4)
+    world = WorldModelPool(spec, real, model, history_length=1, max_observation_tokens=32, seed=5)
+
+    async def play():
+        world.start_batch(3)
+        await world.reset_slot(0, spec.tasks("train")[0])
+        await world.step_slot(0, "go to desk 1")
+        await world.step_slot(0, "go to bed 1")
+        return await world.replay("g", "o0", listed(["a0", "a1"]), slot=0)
+
+    assert asyncio.run(play()) == (0.0, 2)
+    assert len(set(model.seeds)) == 4  # two model-episode steps, two replay steps: four streams
+
+
+def test_a_verdict_mode_must_be_known(alfworld, tiny_model_dir):
+    spec, real = alfworld
+    with pytest.raises(ValueError, match="verdict must be one of last_turn, replay, got 'final'"):
+        WorldModelPool(spec, real, None, history_length=1, max_observation_tokens=32, verdict="final")

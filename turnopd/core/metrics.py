@@ -26,8 +26,9 @@ Record kinds (field "kind"):
   trained trajectories lag it), dropped_stale, queued, generator_restarts} (see turnopd.orchestration.pipeline).
   With world-model rollouts (recipe key world_model.path): world_model_episodes (this step's that a
   world model answered; success_rate counts their model-declared wins, env_steps only the real env's
-  turns), world_model_steps (the model's), success_rate_real (the real
-  episodes'), success_rate_debiased and its _stderr, world_model_bias (Online Debiasing, see
+  turns), world_model_steps (the model's), world_model_verdict_steps (the model's steps judging
+  real episodes, world_model.verdict), world_model_no_verdict (real episodes it gave no usable
+  verdict on, left out of the bias), success_rate_real (the real episodes'), success_rate_debiased and its _stderr, world_model_bias (Online Debiasing, see
   turnopd.orchestration.distill.world_model_record); busy also holds world_model.
 - "eval": step (optimizer steps done when evaluated), train_time_s (training clock then), split,
   k, avg_at_k (0..1), per_type {task type: avg}, num_tasks, mean_turns, eval_time_s.

@@ -58,11 +58,13 @@ class Trajectory:
     ended: bool = False  # the env ended the episode (won, lost or an env error); False: stopped while playing
     final_observation: str = ""  # the env's answer to the last turn's action (world-model transitions)
     # world-model rollouts (turnopd.rollout.world_model): the model answered its steps; per model step the
-    # disagreement of its sampled answers; for a real episode the model's verdict P(won) (Online Debiasing);
-    # the trajectory's loss-weight factor from its variance (Inverse-Variance Denoising; None: 1)
+    # disagreement of its sampled answers; for a real episode the model's verdict P(won) (Online Debiasing)
+    # and the model steps that verdict took; the trajectory's loss-weight factor from its variance
+    # (Inverse-Variance Denoising; None: 1)
     world_model: bool = False
     world_model_disagreements: list[float] = field(default_factory=list)
     predicted_success: float | None = None
+    verdict_steps: int = 0
     world_model_weight: float | None = None
     weight_version: int = 0  # policy weight version that generated it (async pipelines)
 
@@ -232,6 +234,7 @@ class EpisodeSummary:
     scored_tokens: int = 0  # tokens the teacher runs through to score it (trajectory_sequences)
     world_model: bool = False  # a world model answered its steps
     predicted_success: float | None = None  # a real episode's world-model verdict (Online Debiasing)
+    verdict_steps: int = 0  # the world-model steps that verdict took
 
     @property
     def failed_by_env(self) -> bool:
@@ -241,7 +244,8 @@ class EpisodeSummary:
     def of(cls, traj: Trajectory) -> EpisodeSummary:
         return cls(traj.task_id, traj.task_type, traj.success, traj.depth, traj.truncated,
                    traj.invalid_actions, traj.num_action_tokens, traj.env_error,
-                   sum(len(seq.ids) for seq in trajectory_sequences(traj)), traj.world_model, traj.predicted_success)
+                   sum(len(seq.ids) for seq in trajectory_sequences(traj)), traj.world_model, traj.predicted_success,
+                   traj.verdict_steps)
 
 
 MAX_ERRORS_SHOWN = 2  # an error message names its game, so one cause can read as many messages

@@ -267,12 +267,17 @@ def world_model_record(episodes: list[EpisodeSummary]) -> dict[str, Any]:
     """A world-model run's success signals: the step's success rate (success_rate, above) mixes the
     model's verdicts on its own episodes with real outcomes; success_rate_real is the real episodes'
     alone, success_rate_debiased the model episodes' corrected by the bias measured on the real
-    ones (Online Debiasing: the model's verdict on each real episode against its outcome)."""
+    ones (Online Debiasing: the model's verdict on each real episode against its outcome);
+    world_model_verdict_steps the model steps those verdicts took (a replay's are an episode's),
+    world_model_no_verdict the real episodes left out of the bias (the model gave no usable answer)."""
     played = [e for e in episodes if not e.env_error]
     model = [float(e.success) for e in played if e.world_model]
     real = [e for e in played if not e.world_model and e.predicted_success is not None]
     record: dict[str, Any] = {"world_model_episodes": sum(e.world_model for e in episodes),
                               "world_model_steps": sum(e.depth for e in episodes if e.world_model),
+                              "world_model_verdict_steps": sum(e.verdict_steps for e in episodes),
+                              "world_model_no_verdict": sum(not e.world_model and e.predicted_success is None
+                                                            for e in played),
                               "success_rate_real": sum(e.success for e in real) / len(real) if real else None,
                               "success_rate_debiased": None, "success_rate_debiased_stderr": None,
                               "world_model_bias": None}

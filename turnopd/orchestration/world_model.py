@@ -1,6 +1,7 @@
 """World models of an env: a model trained on logged real transitions to write the env's answer.
 
     turnopd world-model train recipes/alfworld/world_model.yaml [key=value ...]
+    turnopd world-model eval recipes/alfworld/world_model.yaml    # steps 3-4 again, for the trained model
 
 1. Transitions (envs.transitions): the env's expert plays `data.expert_episodes` train tasks (the
    cached demonstrations `turnopd sft` uses, exploring mistakes included: the env's answers to them
@@ -15,14 +16,19 @@
    accuracy of the status; P(done) and P(won) come from the status probabilities (the softmax over
    the three status lines' log-likelihoods after the prompt), and their calibration is the ECE.
    Reported for all transitions, per source (expert, student) and per action verb, which is where
-   the errors show.
+   the errors show. Then whole episodes: each held-out episode's actions replayed greedily in the
+   model from its first observation, each after the model's own answers (as in a model episode and
+   as Online Debiasing's `replay` verdict does), against the real ending: where per-step errors
+   compound into an easier or harder env.
 4. Output: the model and its tokenizer in Hugging Face format in output_dir, and world_model.json:
    the env and prompt settings it was trained for, what it was trained on, the fidelity table.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -40,6 +46,7 @@ from envs.transitions import (
     Transition,
     demo_transitions,
     parse_world_answer,
+    split_episodes,
     trajectory_transitions,
     transition_prompt,
 )
@@ -60,6 +67,7 @@ from turnopd.orchestration.sft import SFTExample, ensure_model, save_model, trai
 from turnopd.rollout import SamplingParams, make_policy
 from turnopd.rollout.base import generate_all
 from turnopd.rollout.engine import chat_prompt_ids, rollout
+from turnopd.rollout.world_model import Verdict, WorldModelPool, listed
 
 WORLD_MODEL_FORMAT = 1  # the prompt/answer text of envs.transitions
 HELD_OUT_SALT = 7_777  # the held-out student episodes' sampling seed, apart from the training ones'
@@ -208,10 +216,60 @@ def fidelity_table(transitions: list[Transition], answers: list[str],
     return {key: fidelity_row(group, calibration=not key.startswith("verb=")) for key, group in groups.items()}
 
 
+@dataclass
+class ReplayRow:
+    episodes: int  # with a verdict (a replay with an unusable answer is left out, counted in no_verdict)
+    won_real: float  # share the env ended won
+    won_replayed: float  # share whose replay the model ended won
+    same_ending: float  # share where the two agree (won, or not)
+    turns_real: float  # mean turns of the real episodes
+    turns_replayed: float  # mean model steps until the model's ending (or the actions ran out)
+    no_verdict: int = 0
+
+
+def replay_table(episodes: list[list[Transition]], verdicts: list[Verdict]) -> dict[str, ReplayRow]:
+    """Rows "all" and "source=<expert|student>" of the episode replays: each real episode's ending
+    (won: its last transition's) against the model's verdict on its actions (Verdict(success, steps),
+    success None: no usable answer)."""
+    if len(episodes) != len(verdicts):
+        raise ValueError(f"{len(episodes)} episodes for {len(verdicts)} verdicts")
+    items = list(zip(episodes, verdicts, strict=True))
+    groups: dict[str, list[tuple[list[Transition], Verdict]]] = {"all": items}
+    for item in items:
+        groups.setdefault(f"source={item[0][0].source}", []).append(item)
+    rows = {}
+    for key, group in groups.items():
+        judged = [(episode, v) for episode, v in group if v.success is not None]
+        if not judged:
+            rows[key] = ReplayRow(0, math.nan, math.nan, math.nan, math.nan, math.nan, no_verdict=len(group))
+            continue
+        won = [episode[-1].won for episode, _ in judged]
+        replayed = [v.success == 1.0 for _, v in judged]
+        rows[key] = ReplayRow(
+            len(judged), statistics.fmean(won), statistics.fmean(replayed),
+            statistics.fmean(a == b for a, b in zip(won, replayed, strict=True)),
+            statistics.fmean(len(episode) for episode, _ in judged), statistics.fmean(v.steps for _, v in judged),
+            no_verdict=len(group) - len(judged))
+    return rows
+
+
+def replay_episodes(spec: EnvSpec, policy: Any, episodes: list[list[Transition]], cfg: WorldModelConfig) -> list[Verdict]:
+    """Each episode's actions replayed greedily in the world model (`policy`), all episodes at once."""
+    world = WorldModelPool(spec, None, policy, history_length=cfg.history_length,
+                           max_observation_tokens=cfg.max_observation_tokens, temperature=0.0, seed=cfg.seed)
+
+    async def replay_all() -> list[Verdict]:
+        return list(await asyncio.gather(*(world.replay(e[0].task, e[0].first_observation,
+                                                        listed([t.action for t in e]), slot)
+                                           for slot, e in enumerate(episodes))))
+
+    return asyncio.run(replay_all())
+
+
 def measure_fidelity(model_dir: Path, transitions: list[Transition], prompts: list[list[int]],
-                     cfg: WorldModelConfig) -> dict[str, FidelityRow]:
+                     cfg: WorldModelConfig, spec: EnvSpec) -> tuple[dict[str, FidelityRow], dict[str, ReplayRow]]:
     """The world model in model_dir on held-out transitions (`prompts`: their token ids): greedy
-    answers and status probabilities, from one loaded copy of the model."""
+    answers and status probabilities, and the episode replays, from one loaded copy of the model."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -223,9 +281,11 @@ def measure_fidelity(model_dir: Path, transitions: list[Transition], prompts: li
     try:
         answers = [g.text for g in generate_all(policy, prompts, SamplingParams(
             temperature=0.0, max_new_tokens=cfg.max_observation_tokens, stop=(), seed=cfg.seed))]
+        episodes = split_episodes(transitions)
+        replays = replay_table(episodes, replay_episodes(spec, policy, episodes, cfg))
     finally:
         policy.close()
-    return fidelity_table(transitions, answers, status_probabilities(model, tokenizer, prompts))
+    return fidelity_table(transitions, answers, status_probabilities(model, tokenizer, prompts)), replays
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,6 +304,7 @@ class WorldModelResult:
     train_time_s: float
     held_out_split: str
     fidelity: dict[str, FidelityRow]
+    replay: dict[str, ReplayRow]  # the held-out episodes replayed in the model
     data_time_s: float  # building the model (if missing), playing the episodes (demonstrations are cached)
     wall_time_s: float
 
@@ -260,8 +321,7 @@ def run_world_model_train(cfg: WorldModelConfig) -> WorldModelResult:
     train_split, _, held_out_split, _ = train_and_eval_tasks(spec, cfg.env, eval_split=None, max_eval_tasks=None)
     model_dir = ensure_model(cfg.model, "model")
     train = player_transitions(cfg, spec, train_split, cfg.data.expert_episodes, cfg.data.student_episodes, cfg.seed)
-    held_out = player_transitions(cfg, spec, held_out_split, cfg.data.held_out_episodes, cfg.data.held_out_episodes,
-                                  cfg.seed + HELD_OUT_SALT)
+    held_out = held_out_transitions(cfg, spec, held_out_split)
     data_time = time.perf_counter() - wall_start
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -289,17 +349,53 @@ def run_world_model_train(cfg: WorldModelConfig) -> WorldModelResult:
     save_model(trainer, tokenizer, output)
     del trainer, model
 
-    fidelity = measure_fidelity(output, held_out, held_out_prompts, cfg)
+    fidelity, replay = measure_fidelity(output, held_out, held_out_prompts, cfg, spec)
     final = [loss for loss, _ in losses[-10:]]
     result = WorldModelResult(
         output_dir=str(output), train_transitions=sources, answer_tokens=sum(len(ex.answer_ids) for ex in examples),
         steps=len(losses), first_loss=losses[0][0], final_loss=statistics.fmean(final),
-        train_time_s=sum(t for _, t in losses), held_out_split=held_out_split, fidelity=fidelity,
+        train_time_s=sum(t for _, t in losses), held_out_split=held_out_split, fidelity=fidelity, replay=replay,
         data_time_s=data_time, wall_time_s=time.perf_counter() - wall_start)
     meta = {"format": WORLD_MODEL_FORMAT, "env": cfg.env.name, "env_options": cfg.env.options,
             "history_length": cfg.history_length, "max_observation_tokens": cfg.max_observation_tokens,
             "result": asdict(result)}
     (output / "world_model.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print_world_model_summary(cfg, result)
+    return result
+
+
+def held_out_transitions(cfg: WorldModelConfig, spec: EnvSpec, split: str) -> list[Transition]:
+    return player_transitions(cfg, spec, split, cfg.data.held_out_episodes, cfg.data.held_out_episodes,
+                              cfg.seed + HELD_OUT_SALT)
+
+
+def run_world_model_eval(cfg: WorldModelConfig) -> WorldModelResult:
+    """The held-out fidelity of the world model the recipe already trained (its output_dir), measured
+    again without training: world_model.json's fidelity and replay tables are rewritten."""
+    from transformers import AutoTokenizer
+
+    wall_start = time.perf_counter()
+    output = Path(cfg.output_dir).expanduser()
+    meta_path = output / "world_model.json"
+    if not meta_path.is_file():
+        raise RecipeError(f"{meta_path} not found: train the world model first "
+                          f"(turnopd world-model train <this recipe>), or point output_dir at one")
+    meta = json.loads(meta_path.read_text())
+    spec = make_env_spec(cfg.env, cfg.data_dir)
+    held_out_split = train_and_eval_tasks(spec, cfg.env, eval_split=None, max_eval_tasks=None)[2]
+    held_out = held_out_transitions(cfg, spec, held_out_split)
+    data_time = time.perf_counter() - wall_start
+    tokenizer = AutoTokenizer.from_pretrained(output)
+    prompts = [chat_prompt_ids(tokenizer, transition_prompt(t)) for t in held_out]
+    fidelity, replay = measure_fidelity(output, held_out, prompts, cfg, spec)
+    trained = meta["result"]
+    result = WorldModelResult(
+        output_dir=str(output), train_transitions=trained["train_transitions"],
+        answer_tokens=trained["answer_tokens"], steps=trained["steps"], first_loss=trained["first_loss"],
+        final_loss=trained["final_loss"], train_time_s=trained["train_time_s"], held_out_split=held_out_split,
+        fidelity=fidelity, replay=replay, data_time_s=data_time, wall_time_s=time.perf_counter() - wall_start)
+    meta["result"] = asdict(result)
+    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     print_world_model_summary(cfg, result)
     return result
 
@@ -320,5 +416,15 @@ def print_world_model_summary(cfg: WorldModelConfig, r: WorldModelResult) -> Non
         table.add_row(key, str(row.transitions), f"{100 * row.exact_match:.1f}%", f"{row.token_f1:.3f}",
                       f"{100 * row.status_accuracy:.1f}%", *ece)
     console.print(table)
-    console.print(f"world model: {r.output_dir} (world_model.json holds this table); wall clock {r.wall_time_s:.0f} s "
+    replays = Table(title="held-out episodes replayed in the model (their actions, from their first observation, "
+                          "greedy) against the real endings")
+    for column in ("", "episodes", "won (env)", "won (model)", "same ending", "turns (env)", "turns (model)",
+                   "no verdict"):
+        replays.add_column(column, justify="right" if column else "left")
+    for key, row in r.replay.items():
+        replays.add_row(key, str(row.episodes), f"{100 * row.won_real:.1f}%", f"{100 * row.won_replayed:.1f}%",
+                        f"{100 * row.same_ending:.1f}%", f"{row.turns_real:.1f}", f"{row.turns_replayed:.1f}",
+                        str(row.no_verdict))
+    console.print(replays)
+    console.print(f"world model: {r.output_dir} (world_model.json holds these tables); wall clock {r.wall_time_s:.0f} s "
                   f"(model build and episodes {r.data_time_s:.0f} s)")

@@ -150,14 +150,23 @@ async def play_all(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *
         raise ValueError("`simulated` names one flag per task, needs a world model, and no probe plays in it "
                          f"(got {len(simulated)} flags for {len(tasks)} tasks, {probes} probes, world {world})")
 
+    busy = ledger.busy if ledger is not None else (lambda _: nullcontext())
+
     async def play(i: int, task: str) -> Trajectory:
-        trajectory = await play_episode(
-            spec, world if simulated[i] else pool, policy, task, slot=i, episode=i, env_config=env_config,
-            sampling=sampling, cap=env_config.max_turns if i < probes else cap, is_probe=i < probes, ledger=ledger,
-            replay=replays[i] if replays else ())
-        if world is not None and not simulated[i] and not trajectory.env_error:
-            with ledger.busy("world_model") if ledger is not None else nullcontext():
-                trajectory.predicted_success = await world.predict_success(trajectory, slot=i)
+        judged = world is not None and not simulated[i]  # a real episode the world model gives its verdict on
+        shadow = world.shadow(pool, slot=i, busy=busy) if judged and world.verdict == "replay" else None
+        try:
+            trajectory = await play_episode(
+                spec, world if simulated[i] else shadow or pool, policy, task, slot=i, episode=i,
+                env_config=env_config, sampling=sampling, cap=env_config.max_turns if i < probes else cap,
+                is_probe=i < probes, ledger=ledger, replay=replays[i] if replays else ())
+            if judged and not trajectory.env_error:
+                with busy("world_model"):
+                    verdict = await (shadow.verdict() if shadow else world.predict_success(trajectory, slot=i))
+                trajectory.predicted_success, trajectory.verdict_steps = verdict
+        finally:
+            if shadow is not None:
+                shadow.cancel()  # a no-op once its verdict is in
         return trajectory
 
     return list(await asyncio.gather(*(play(i, task) for i, task in enumerate(tasks))))
@@ -172,7 +181,8 @@ def rollout(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *, env_c
     uncensored), the others for at most min(env_config.max_turns, cap) turns; with `replays`, episode
     i first replays replays[i] (see play_episode). With `world` (a turnopd.rollout.world_model
     WorldModelPool), episode i plays in it when simulated[i] (never a probe); each other episode gets
-    the world model's verdict on it (Trajectory.predicted_success). Returns the trajectories in the
+    the world model's verdict on it (Trajectory.predicted_success: by world.verdict, its replay in the
+    model alongside it, or the model's answer to its last transition). Returns the trajectories in the
     order of `tasks`."""
     return asyncio.run(play_all(spec, pool, policy, tasks, env_config=env_config, sampling=sampling, cap=cap,
                                 probes=probes, ledger=ledger, replays=replays, world=world, simulated=simulated))

@@ -13,21 +13,26 @@ failed-by-env ("the world model answered without a status line"), and so does on
 observation the env's prompt template refuses (ALFWorld's notebook template needs its notebook
 line), or whose prompt and answer would not fit the model's context.
 
-`predict_success` is the model's verdict on a real episode (the share of K sampled answers to its
-last real transition that say "won"): paired with the real outcome, it measures the model's bias
-for Online Debiasing. It measures the verdict on real histories, not how far simulated histories
-drift; the fidelity table of the world model (world_model.json) shows the latter's per-step errors.
+The model's verdict on a real episode, paired with the real outcome, measures the model's bias for
+Online Debiasing. By default ("last_turn", `predict_success`) it is the share of K sampled answers
+to the real last transition that say "won" (one step's error, at one model step, after the
+episode). "replay" (`Shadow`) has the model play the real episode's actions from its first
+observation, each after its own previous answers, alongside the real episode; the verdict is its
+ending, so the bias includes how the model's own histories drift under the real actions. Neither
+sees the drift of a closed loop, where the student's actions answer the model's observations (on
+ALFWorld the model's episodes end sooner and are won more often than real ones, and both verdicts
+measured a bias near 0; README, "World-model rollouts").
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from envs.base import EnvSpec, PromptContext, StepOutcome, recent_pairs
 from envs.pool import env_error
@@ -39,6 +44,8 @@ from turnopd.rollout.base import Policy, SamplingParams, make_policy, request_se
 from turnopd.rollout.engine import chat_prompt_ids
 
 WORLD_MODEL_META = "world_model.json"
+VERDICTS = ("last_turn", "replay")  # world_model.verdict: how the model judges a real episode
+REPLAY_STREAM = 2**32 - 1  # a replay's third sampling key: apart from the verdict's 0 and model episodes' 1, 2, ...
 NO_STATUS = "the world model answered without a status line"
 UNRENDERABLE = "the world model's observation does not fit the env's prompt template"
 TOO_LONG = "the world model's prompt does not fit its context (train it with a shorter history_length)"
@@ -66,15 +73,22 @@ class _Episode:
     resets: int = 0
 
 
+class Verdict(NamedTuple):
+    success: float | None  # the model's P(won) for a real episode; None: it gave no usable answer
+    steps: int  # the model steps it took
+
+
 class WorldModelPool:
     ledger_resource = "world_model"  # the ledger busy time of its steps (the real env's is "env")
 
     def __init__(self, spec: EnvSpec, real: Any, policy: Policy, *, history_length: int, max_observation_tokens: int,
-                 samples: int = 1, temperature: float = 1.0, seed: int = 0):
+                 samples: int = 1, temperature: float = 1.0, seed: int = 0, verdict: str = "last_turn"):
         if samples < 1:
             raise ValueError(f"samples must be >= 1, got {samples}")
+        if verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {', '.join(VERDICTS)}, got {verdict!r}")
         self.spec, self.real, self.policy = spec, real, policy
-        self.history_length, self.samples = history_length, samples
+        self.history_length, self.samples, self.verdict = history_length, samples, verdict
         self.sampling = SamplingParams(temperature=temperature, max_new_tokens=max_observation_tokens, stop=(),
                                        seed=seed)
         self._resets: dict[str, StepOutcome] = {}  # task id -> its real reset
@@ -140,31 +154,113 @@ class WorldModelPool:
         for slot in slots:
             self._episodes.pop(slot, None)
 
-    async def predict_success(self, trajectory: Trajectory, slot: int) -> float:
-        """The share of `samples` answers to a real episode's last transition that say "won"
-        (0 for an episode with no turns)."""
+    async def predict_success(self, trajectory: Trajectory, slot: int) -> Verdict:
+        """The "last_turn" verdict on a real episode: the share of `samples` answers to its real last
+        transition that say "won" (0 at no model step for an episode with no turns; None when the
+        prompt does not fit the model's context). The "replay" verdict is a `Shadow`'s."""
         if not trajectory.turns:
-            return 0.0
+            return Verdict(0.0, 0)
         actions = [self.spec.parse_action(turn.action_text).action for turn in trajectory.turns]
         history = [(turn.observation, a) for turn, a in zip(trajectory.turns, actions, strict=True)][:-1]
         step = len(history)
         answers = await self._sample(
-            world_prompt(trajectory.goal, trajectory.turns[0].observation,
-                         recent_pairs(history, self.history_length), step,
-                         trajectory.turns[-1].observation, actions[-1]),
+            world_prompt(trajectory.goal, trajectory.turns[0].observation, recent_pairs(history, self.history_length),
+                         step, trajectory.turns[-1].observation, actions[-1]),
             (self._batch, slot, 0, step))
         if answers is None:
-            return 0.0
-        return sum((p := parse_world_answer(a)) is not None and p[0] == "won" for a in answers) / len(answers)
+            return Verdict(None, 0)
+        return Verdict(sum((p := parse_world_answer(a)) is not None and p[0] == "won" for a in answers) / len(answers), 1)
 
-    async def _sample(self, prompt: str, keys: tuple[int, ...]) -> list[str] | None:
-        """`samples` answers to the prompt; None when prompt and answer do not fit the model's context."""
+    def shadow(self, real: Any, slot: int, busy: Callable[[str], Any] = lambda _: nullcontext()) -> Shadow:
+        """A stand-in for the real env pool `real` for one real episode in `slot`, which replays the
+        episode in the model while it plays (the "replay" verdict)."""
+        return Shadow(self, real, slot, busy)
+
+    async def replay(self, goal: str, first_observation: str, actions: AsyncIterable[str], slot: int,
+                     busy: Callable[[str], Any] = lambda _: nullcontext()) -> Verdict:
+        """The model's ending of `actions` played in turn from `first_observation`, each after its own
+        answers to the ones before, one sample a step (stream (seed, batch, slot, REPLAY_STREAM, step);
+        each step inside busy("world_model")): 1 when its first ending says "won", 0 when it says
+        "lost" or the actions run out first; None when an answer has no status line or does not fit
+        the model's context."""
+        observation, history = first_observation, []
+        async for action in actions:
+            step = len(history)
+            with busy(self.ledger_resource):
+                answers = await self._sample(
+                    world_prompt(goal, first_observation, recent_pairs(history, self.history_length), step,
+                                 observation, action), (self._batch, slot, REPLAY_STREAM, step), samples=1)
+            if answers is None:
+                return Verdict(None, step)
+            parsed = parse_world_answer(answers[0])
+            if parsed is None:
+                return Verdict(None, step + 1)
+            status, next_observation = parsed
+            if status != "continue":
+                return Verdict(float(status == "won"), step + 1)
+            history.append((observation, action))
+            observation = next_observation
+        return Verdict(0.0, len(history))
+
+    async def _sample(self, prompt: str, keys: tuple[int, ...], samples: int | None = None) -> list[str] | None:
+        """`samples` (default the pool's) answers to the prompt; None when prompt and answer do not fit
+        the model's context."""
         ids = chat_prompt_ids(self.policy.tokenizer, prompt)
         if len(ids) + self.sampling.max_new_tokens > self.policy.max_model_len:
             return None
         generations = await asyncio.gather(*(self.policy.generate(ids, replace(
-            self.sampling, seed=request_seed(self.sampling.seed, *keys, k))) for k in range(self.samples)))
+            self.sampling, seed=request_seed(self.sampling.seed, *keys, k)))
+            for k in range(samples or self.samples)))
         return [g.text for g in generations]
+
+
+class Shadow:
+    """The real env pool for one real episode, with the world model replaying the episode alongside
+    (world_model.verdict: replay): the reset starts the replay from the real first observation, each
+    action sent to the env is also queued for the model, and `verdict()` (after the episode) is the
+    replay's ending. The model answers while the env does, so a costly env's waits hide the replay's
+    time; the verdict is the one a replay of the finished episode's actions would give."""
+
+    def __init__(self, world: WorldModelPool, real: Any, slot: int, busy: Callable[[str], Any]):
+        self.world, self.real, self.slot, self.busy = world, real, slot, busy
+        self._actions: asyncio.Queue[str | None] = asyncio.Queue()
+        self._replay: asyncio.Task[Verdict] | None = None
+
+    async def reset_slot(self, slot: int, task_id: str) -> StepOutcome:
+        outcome = await self.real.reset_slot(slot, task_id)
+        if not outcome.done:
+            self._replay = asyncio.create_task(self.world.replay(
+                outcome.info.get("task", ""), outcome.observation, self._queued(), self.slot, self.busy))
+        return outcome
+
+    async def step_slot(self, slot: int, action: str) -> StepOutcome:
+        self._actions.put_nowait(action)
+        return await self.real.step_slot(slot, action)
+
+    def end(self, slots: list[int]) -> None:
+        self.real.end(slots)
+
+    async def verdict(self) -> Verdict:
+        """The replay's ending once it has every action of the episode (0 at no step without a reset)."""
+        if self._replay is None:
+            return Verdict(0.0, 0)
+        self._actions.put_nowait(None)
+        return await self._replay
+
+    def cancel(self) -> None:
+        """Stop the replay (its episode failed before a verdict was asked)."""
+        if self._replay is not None:
+            self._replay.cancel()
+
+    async def _queued(self) -> AsyncIterator[str]:
+        while (action := await self._actions.get()) is not None:
+            yield action
+
+
+async def listed(actions: list[str]) -> AsyncIterator[str]:
+    """A list's actions as `WorldModelPool.replay` takes them (a finished episode's)."""
+    for action in actions:
+        yield action
 
 
 def disagreement(parsed: list[tuple[str, str] | None]) -> float:
@@ -189,6 +285,6 @@ def open_world_model(cfg: Any, spec: EnvSpec, real: Any) -> Iterator[WorldModelP
     try:
         yield WorldModelPool(spec, real, policy, history_length=meta["history_length"],
                              max_observation_tokens=meta["max_observation_tokens"], samples=wm.samples,
-                             temperature=wm.temperature, seed=cfg.seed)
+                             temperature=wm.temperature, seed=cfg.seed, verdict=wm.verdict)
     finally:
         policy.close()
