@@ -12,15 +12,20 @@ final sampled Avg@4 at the rollouts' temperature):
 - headroom: the 400-step student (34% held-out against the teacher's 70%, ~30-turn episodes),
   48 steps of 8 episodes; arms vanilla_opd, turnopd, fixed_cap (25 turns), tcod and
   turnopd_continuous (an eighth of every step's episodes as probes).
-- paper: closer to the paper's: the 350-step student (it wins a fifth to a third of its training
-  episodes), H_max 50, 32 steps of 16 episodes, so that a probe batch holds 16 probes; arms
-  vanilla_opd, turnopd, turnopd_continuous.
+- paper: closer to the paper's: the 250-step student (it won 12%, 25% and 31% of its first three
+  steps' 16 training episodes at H_max 50; the 350-step student won 38-56%), H_max 50, 32 steps of
+  16 episodes, so that a probe batch holds 16 probes; arms vanilla_opd, turnopd, turnopd_continuous.
 - familiarity: headroom's settings; turnopd against turnopd with a familiarity weight and gate on
   the teacher's action entropy (recipes/methods/turnopd_familiarity_*.yaml, turnopd.algorithm.familiarity).
 - world_model: vanilla_opd and turnopd, each without and with world-model rollouts
   (recipes/methods/*_world_model.yaml; the world model of recipes/alfworld/world_model.yaml, built
   first when missing) at 0 and 0.25 s of simulated latency per real env request, 8 steps, held-out
   Avg@1 at the end.
+- world_model_twin: world_model's world-model arms at latency 0 with the twin verdict
+  (world_model.verdict=twin: a model episode of each real episode's task beside it measures the
+  model's bias in the closed loop); the verdict does not touch training, so the runs train as
+  world_model's do, and the held-out evaluation is cut to one game (eval.max_tasks=1). Ends with the
+  debiasing table: the step means of success_rate_debiased against success_rate_real.
 - relabelled_teacher: headroom's settings, turnopd from the SFT teacher (sweep expert_teacher) and
   from the teacher made familiar with the student's states (sweep relabelled_teacher:
   recipes/alfworld/teacher_dagger.yaml, built on first use), same seeds, then one frontier of both.
@@ -42,6 +47,9 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import yaml
+
 from turnopd.analysis.frontier import load_run
 from turnopd.orchestration.sweep import run_state
 
@@ -61,9 +69,12 @@ REGIMES = {
     "world_model": [(f"world_model_latency{latency}", "vanilla_opd,vanilla_opd_world_model,turnopd,turnopd_world_model", [
         f"env.step_latency_s={latency}", "trainer.steps=8", "eval.at_start=false", "eval.teacher=false",
         "eval.final_k=null"]) for latency in ("0", "0.25")],
+    "world_model_twin": [("world_model_twin_latency0", "vanilla_opd_world_model,turnopd_world_model", [
+        "env.step_latency_s=0", "trainer.steps=8", "eval.at_start=false", "eval.teacher=false", "eval.final_k=null",
+        "eval.max_tasks=1", "world_model.verdict=twin"])],
     "paper": [("paper", "vanilla_opd,turnopd,turnopd_continuous", [
-        "student.path=~/.cache/turnopd/models/alfworld-student-sft350",
-        "student.prepare_options.overrides=[trainer.steps=350]", "env.max_turns=50", "depth.h_max=50",
+        "student.path=~/.cache/turnopd/models/alfworld-student-sft250",
+        "student.prepare_options.overrides=[trainer.steps=250]", "env.max_turns=50", "depth.h_max=50",
         "trainer.steps=32", "trainer.episodes_per_step=16"])],
 }
 
@@ -106,6 +117,36 @@ def world_model_pairs(runs_dir: Path) -> None:
                   f"{steps['world_model_verdict_steps']:,.0f} |")
 
 
+def debiasing_table(runs_dir: Path, seed: int = 0) -> None:
+    """Online Debiasing against the real env, per world-model arm: over every step with both (of all
+    seeds), the means of success_rate_real (the real episodes') and success_rate_debiased (the model
+    episodes' success minus the bias the verdicts measured), the mean bias, and the mean per-step
+    difference debiased - real with a 95% bootstrap interval over (seed, step) pairs: an interval
+    that covers 0 says the debiased rate tracks the real one at this power."""
+    print("| run group | verdict | steps | success_rate_real | success_rate_debiased | world_model_bias | "
+          "debiased - real [95% CI] |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    groups: dict[str, list] = {}
+    for path in sorted(runs_dir.glob("*/metrics.jsonl")):
+        run = load_run(path.parent)
+        if run.complete and run.method.endswith("_world_model"):
+            groups.setdefault(run.name.rsplit("-s", 1)[0], []).append(run)
+    for name, group in groups.items():
+        steps = [r for run in group for r in run.train if r.get("success_rate_debiased") is not None]
+        if not steps:
+            continue
+        real = np.array([r["success_rate_real"] for r in steps])
+        debiased = np.array([r["success_rate_debiased"] for r in steps])
+        gaps, rng = debiased - real, np.random.default_rng(seed)
+        resampled = [float(np.mean(rng.choice(gaps, size=len(gaps)))) for _ in range(2000)]
+        low, high = np.percentile(resampled, [2.5, 97.5])
+        verdict = (yaml.safe_load((group[0].path / "config.yaml").read_text())["world_model"] or {}).get(
+            "verdict", "last_turn")
+        print(f"| {name} | {verdict} | {len(steps)} | {real.mean():.1%} | {debiased.mean():.1%} | "
+              f"{np.mean([r['world_model_bias'] for r in steps]):+.3f} | "
+              f"{gaps.mean() * 100:+.1f} [{low * 100:+.1f}, {high * 100:+.1f}] |")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--regimes", default=",".join(REGIMES), help=f"comma-separated: {', '.join(REGIMES)}")
@@ -121,7 +162,8 @@ def main() -> int:
     chosen = set(args.methods.split(",")) if args.methods else arms
     if not chosen <= arms:
         p.error(f"--methods: {', '.join(sorted(chosen - arms))} not among the regimes' arms {', '.join(sorted(arms))}")
-    if "world_model" in args.regimes.split(",") and not Path(WORLD_MODEL, "world_model.json").is_file():
+    if any(r.startswith("world_model") for r in args.regimes.split(",")) and \
+            not Path(WORLD_MODEL, "world_model.json").is_file():
         print(f"== building the world model {WORLD_MODEL}", flush=True)
         code = subprocess.call([sys.executable, "-m", "turnopd.cli", "world-model", "train",
                                 "recipes/alfworld/world_model.yaml"])
@@ -146,6 +188,8 @@ def main() -> int:
             code = subprocess.call(command) or code
         if regime == "world_model":
             world_model_pairs(Path(out_dir))
+        if regime.startswith("world_model"):
+            debiasing_table(Path(out_dir))
         save_runs(Path(out_dir), Path(args.save_to) / regime)
     print(f"experiment finished in {(time.perf_counter() - start) / 60:.1f} min (exit {code})")
     return code

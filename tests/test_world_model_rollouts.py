@@ -126,7 +126,10 @@ def test_distillation_plays_most_episodes_in_the_world_model_and_real_fraction_1
     # a cool sampling temperature: 40 steps taught this model the status line, not much of the text
     _run("distill", recipe, "name=mostly-model", f"world_model.path={wm}", "world_model.real_fraction=0.3",
          "world_model.samples=2", "world_model.temperature=0.3", "world_model.verdict=replay")
-    plain, all_real, mostly = (_train(root / "runs" / name) for name in ("plain", "all-real", "mostly-model"))
+    _run("distill", recipe, "name=twin", f"world_model.path={wm}", "world_model.real_fraction=0.5",
+         "world_model.temperature=0.3", "world_model.verdict=twin")
+    plain, all_real, mostly, twin = (_train(root / "runs" / name)
+                                     for name in ("plain", "all-real", "mostly-model", "twin"))
     # every episode real: the same episodes, the same losses (denoising weights all 1), to the tolerance
     # of tests/test_distill.py's same-steps check (generation batches requests as they come, and the
     # world model's verdicts change when they come: padding moves the log-probs in the 7th digit)
@@ -153,3 +156,8 @@ def test_distillation_plays_most_episodes_in_the_world_model_and_real_fraction_1
     assert all(r["world_model_verdict_steps"] <= r["env_steps"] for r in mostly)
     assert sum(r["world_model_verdict_steps"] for r in mostly) > sum(r["episodes"] - r["world_model_episodes"]
                                                                     for r in mostly) / 2
+    # twin verdicts: each judged real episode's twin is a model episode of its task, at most its turns
+    for r in twin:
+        judged = r["episodes"] - r["world_model_episodes"] - r["env_failures"] - r["world_model_no_verdict"]
+        assert judged <= r["world_model_verdict_steps"] <= 3 * (judged + r["world_model_no_verdict"])
+    assert any(r["world_model_bias"] is not None for r in twin)

@@ -231,14 +231,17 @@ class WorldModelRolloutConfig:
     episode: "last_turn" takes the share of won answers to the episode's real last transition (one
     step's error); "replay" plays the episode's actions in the model from its first observation,
     alongside the episode, and takes the model's ending (the drift of the model's own histories
-    under the real actions; on ALFWorld it measured the same ~0 bias at more model steps).
+    under the real actions; on ALFWorld it measured the same ~0 bias at more model steps); "twin"
+    has the student play the same task in the model beside it (from its real reset, with its
+    sampling streams) and takes the twin's ending, so the bias is the model episodes' own, closed
+    loop included (one model episode, not trained on, per real one).
     Each model step samples `samples` answers at `temperature` and plays the first; with samples >= 2
     their disagreement sets each trajectory's loss weight (Inverse-Variance Denoising,
     `variance_floor` its eps)."""
 
     path: str | None = None
     real_fraction: float = field(default=0.25, metadata=_range(0.0, 1.0))
-    verdict: str = field(default="last_turn", metadata=_choices("last_turn", "replay"))
+    verdict: str = field(default="last_turn", metadata=_choices("last_turn", "replay", "twin"))
     samples: int = field(default=1, metadata=_range(1))
     temperature: float = field(default=1.0, metadata=_range(0.0))
     variance_floor: float = field(default=0.1, metadata=_range(1e-6))

@@ -1,6 +1,6 @@
 """WorldModelPool: real resets (cached per task), world-model steps from the envs.transitions prompt,
 the disagreement of K samples, endings from the status line, the verdicts on a real episode
-(its actions replayed in the model, or its last transition). The world
+(its last transition, its actions replayed in the model, a twin episode of its task). The world
 model is scripted here (its answers are what the test is about); tests/test_world_model_rollouts.py
 runs a trained one in real distillation."""
 
@@ -16,6 +16,7 @@ from envs.pool import EnvPool
 from turnopd.config import EnvConfig
 from turnopd.core.types import Trajectory, Turn
 from turnopd.rollout import Generation, SamplingParams
+from turnopd.rollout.engine import rollout
 from turnopd.rollout.world_model import NO_STATUS, WorldModelPool, listed
 
 
@@ -135,7 +136,8 @@ def test_a_shadow_replays_a_real_episode_while_it_plays_as_a_replay_after_it_wou
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     answers = ["continue\nmodel one", "continue\nmodel two", "continue\nmodel three"] * 2
     model = ScriptedWorldModel(tokenizer, answers[:3])
-    world = WorldModelPool(spec, real, model, history_length=1, max_observation_tokens=32, samples=2, seed=5)
+    world = WorldModelPool(spec, real, model, history_length=1, max_observation_tokens=32, samples=2, seed=5,
+                           verdict="replay")
     busy: list[str] = []
 
     @contextlib.contextmanager
@@ -184,7 +186,50 @@ def test_a_replay_samples_apart_from_the_model_episode_in_its_slot(alfworld, tin
     assert len(set(model.seeds)) == 4  # two model-episode steps, two replay steps: four streams
 
 
+class ScriptedStudent(ScriptedWorldModel):
+    """The student: the same action every turn; records each request's prompt and sampling seed."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer, [])
+
+    async def generate(self, prompt: list[int], sampling: SamplingParams) -> Generation:
+        self.answers.append("<action>look</action>")
+        return await super().generate(prompt, sampling)
+
+
+@pytest.mark.parametrize(("answers", "verdict"), [
+    (["continue\nYou see a desk.", "won\nYou turn on the desklamp 1."], (1.0, 2)),  # the twin won at its 2nd step
+    (["continue\nYou see a desk."] * 3, (0.0, 3)),                                 # it played the 3 turns: not won
+    (["continue\nYou see a desk.", "junk"], (None, 2)),                           # an unusable answer: no verdict
+])
+def test_a_twin_verdict_is_the_ending_of_the_same_task_played_in_the_model_beside_the_real_episode(
+        alfworld, tiny_model_dir, answers, verdict):
+    from transformers import AutoTokenizer
+
+    spec, real = alfworld
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    task, student, model = spec.tasks("train")[0], ScriptedStudent(tokenizer), ScriptedWorldModel(tokenizer, answers)
+    world = WorldModelPool(spec, real, model, history_length=1, max_observation_tokens=32, seed=5, verdict="twin")
+    world.start_batch(2)
+    [trajectory] = rollout(spec, real, student, [task], env_config=EnvConfig(name="alfworld", max_turns=3),
+                           sampling=SamplingParams(seed=9), cap=3, world=world, simulated=[False])
+    # the real episode played the env (3 looks, not won), and only it is returned: the twin is not trained on
+    assert (trajectory.depth, trajectory.success, trajectory.world_model) == (3, False, False)
+    assert (trajectory.predicted_success, trajectory.verdict_steps) == verdict
+    # the twin started from the real episode's reset (the env was not reset for it) ...
+    assert world.real_resets == 0 and model.answers == []
+    assert model.prompts[0].count(f"Now: {trajectory.turns[0].observation}\nAction: look") == 1
+    # ... and played the student's sampling streams: turn t of both from the same seed, the prompts
+    # the same until the model's observation differs from the env's
+    seeds = {}
+    for prompt, seed in zip(student.prompts, student.seeds, strict=True):
+        seeds.setdefault(seed, []).append(prompt)
+    assert len(student.prompts) == 3 + verdict[1] and len(seeds) == 3
+    first_prompts = next(prompts for prompts in seeds.values() if trajectory.turns[0].observation in prompts[0])
+    assert len(first_prompts) == 2 and first_prompts[0] == first_prompts[1]
+
+
 def test_a_verdict_mode_must_be_known(alfworld, tiny_model_dir):
     spec, real = alfworld
-    with pytest.raises(ValueError, match="verdict must be one of last_turn, replay, got 'final'"):
+    with pytest.raises(ValueError, match="verdict must be one of last_turn, replay, twin, got 'final'"):
         WorldModelPool(spec, real, None, history_length=1, max_observation_tokens=32, verdict="final")

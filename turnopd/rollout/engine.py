@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 from collections.abc import AsyncIterator, Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -153,16 +154,21 @@ async def play_all(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *
     busy = ledger.busy if ledger is not None else (lambda _: nullcontext())
 
     async def play(i: int, task: str) -> Trajectory:
+        episode = functools.partial(play_episode, spec, policy=policy, task_id=task, slot=i, episode=i,
+                                    env_config=env_config, sampling=sampling, is_probe=i < probes, ledger=ledger,
+                                    cap=env_config.max_turns if i < probes else cap)
         judged = world is not None and not simulated[i]  # a real episode the world model gives its verdict on
-        shadow = world.shadow(pool, slot=i, busy=busy) if judged and world.verdict == "replay" else None
+        # "twin": the same task in the model, played beside it with its sampling streams (a closed loop)
+        shadow = world.shadow(pool, slot=i, busy=busy, twin=functools.partial(episode, world)) \
+            if judged and world.verdict != "last_turn" else None
         try:
-            trajectory = await play_episode(
-                spec, world if simulated[i] else shadow or pool, policy, task, slot=i, episode=i,
-                env_config=env_config, sampling=sampling, cap=env_config.max_turns if i < probes else cap,
-                is_probe=i < probes, ledger=ledger, replay=replays[i] if replays else ())
+            trajectory = await episode(world if simulated[i] else shadow or pool, replay=replays[i] if replays else ())
             if judged and not trajectory.env_error:
-                with busy("world_model"):
-                    verdict = await (shadow.verdict() if shadow else world.predict_success(trajectory, slot=i))
+                if shadow is None:
+                    with busy("world_model"):
+                        verdict = await world.predict_success(trajectory, slot=i)
+                else:  # its model steps are in the world model's busy time already
+                    verdict = await shadow.verdict()
                 trajectory.predicted_success, trajectory.verdict_steps = verdict
         finally:
             if shadow is not None:
@@ -181,8 +187,9 @@ def rollout(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *, env_c
     uncensored), the others for at most min(env_config.max_turns, cap) turns; with `replays`, episode
     i first replays replays[i] (see play_episode). With `world` (a turnopd.rollout.world_model
     WorldModelPool), episode i plays in it when simulated[i] (never a probe); each other episode gets
-    the world model's verdict on it (Trajectory.predicted_success: by world.verdict, its replay in the
-    model alongside it, or the model's answer to its last transition). Returns the trajectories in the
-    order of `tasks`."""
+    the world model's verdict on it (Trajectory.predicted_success: by world.verdict, the model's answer
+    to its last transition, its replay in the model alongside it, or the ending of a twin episode of
+    its task played in the model beside it, not trained on). Returns the trajectories in the order of
+    `tasks`."""
     return asyncio.run(play_all(spec, pool, policy, tasks, env_config=env_config, sampling=sampling, cap=cap,
                                 probes=probes, ledger=ledger, replays=replays, world=world, simulated=simulated))

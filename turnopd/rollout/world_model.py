@@ -16,19 +16,22 @@ line), or whose prompt and answer would not fit the model's context.
 The model's verdict on a real episode, paired with the real outcome, measures the model's bias for
 Online Debiasing. By default ("last_turn", `predict_success`) it is the share of K sampled answers
 to the real last transition that say "won" (one step's error, at one model step, after the
-episode). "replay" (`Shadow`) has the model play the real episode's actions from its first
+episode). "replay" (a `Shadow`) has the model play the real episode's actions from its first
 observation, each after its own previous answers, alongside the real episode; the verdict is its
 ending, so the bias includes how the model's own histories drift under the real actions. Neither
 sees the drift of a closed loop, where the student's actions answer the model's observations (on
 ALFWorld the model's episodes end sooner and are won more often than real ones, and both verdicts
-measured a bias near 0; README, "World-model rollouts").
+measured a bias near 0; README, "World-model rollouts"). "twin" (a `Shadow` too) does: beside the
+real episode the student plays a twin episode of the same task in the model, from the real reset
+and with the real episode's sampling streams, and the verdict is the twin's ending, so the bias
+(twin - real) is the model episodes' own, closed loop included, at one model episode per real one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -44,7 +47,7 @@ from turnopd.rollout.base import Policy, SamplingParams, make_policy, request_se
 from turnopd.rollout.engine import chat_prompt_ids
 
 WORLD_MODEL_META = "world_model.json"
-VERDICTS = ("last_turn", "replay")  # world_model.verdict: how the model judges a real episode
+VERDICTS = ("last_turn", "replay", "twin")  # world_model.verdict: how the model judges a real episode
 REPLAY_STREAM = 2**32 - 1  # a replay's third sampling key: apart from the verdict's 0 and model episodes' 1, 2, ...
 NO_STATUS = "the world model answered without a status line"
 UNRENDERABLE = "the world model's observation does not fit the env's prompt template"
@@ -171,10 +174,25 @@ class WorldModelPool:
             return Verdict(None, 0)
         return Verdict(sum((p := parse_world_answer(a)) is not None and p[0] == "won" for a in answers) / len(answers), 1)
 
-    def shadow(self, real: Any, slot: int, busy: Callable[[str], Any] = lambda _: nullcontext()) -> Shadow:
-        """A stand-in for the real env pool `real` for one real episode in `slot`, which replays the
-        episode in the model while it plays (the "replay" verdict)."""
-        return Shadow(self, real, slot, busy)
+    def shadow(self, real: Any, slot: int, busy: Callable[[str], Any] = lambda _: nullcontext(),
+               twin: Callable[[], Awaitable[Trajectory]] | None = None) -> Shadow:
+        """A stand-in for the real env pool `real` for one real episode in `slot` that judges it while
+        it plays: "replay" replays its actions in the model; "twin" awaits `twin()`, the student's
+        episode of the same task in this pool (slot `slot`, free here since its episode is real), once
+        the real reset, cached for it, is in."""
+        if self.verdict == "replay":
+            return Shadow(real, lambda _task, outcome, actions: self.replay(
+                outcome.info.get("task", ""), outcome.observation, actions, slot, busy))
+        if self.verdict == "twin" and twin is not None:
+            return Shadow(real, lambda task, outcome, _actions: self._twin(task, outcome, twin))
+        raise ValueError(f"a shadow judges by replay or by twin (with the twin's episode), not by {self.verdict!r}")
+
+    async def _twin(self, task_id: str, reset: StepOutcome, twin: Callable[[], Awaitable[Trajectory]]) -> Verdict:
+        """The twin's ending: 1 when it won, 0 when it lost or stopped playing (cap or turn limit), None
+        when the model gave an unusable answer; its steps are the model's."""
+        self._resets[task_id] = reset
+        played = await twin()
+        return Verdict(None if played.env_error else float(played.success), played.depth)
 
     async def replay(self, goal: str, first_observation: str, actions: AsyncIterable[str], slot: int,
                      busy: Callable[[str], Any] = lambda _: nullcontext()) -> Verdict:
@@ -215,22 +233,21 @@ class WorldModelPool:
 
 
 class Shadow:
-    """The real env pool for one real episode, with the world model replaying the episode alongside
-    (world_model.verdict: replay): the reset starts the replay from the real first observation, each
-    action sent to the env is also queued for the model, and `verdict()` (after the episode) is the
-    replay's ending. The model answers while the env does, so a costly env's waits hide the replay's
-    time; the verdict is the one a replay of the finished episode's actions would give."""
+    """The real env pool for one real episode, with the world model judging it alongside (world_model.verdict
+    replay or twin): the real reset starts `start(task_id, reset outcome, actions)`, where `actions`
+    yields each action sent to the env as it is sent, and `verdict()` (after the episode) is what
+    that returns. The model answers while the env does, so a costly env's waits hide its time; a
+    replay's verdict is the one a replay of the finished episode's actions would give."""
 
-    def __init__(self, world: WorldModelPool, real: Any, slot: int, busy: Callable[[str], Any]):
-        self.world, self.real, self.slot, self.busy = world, real, slot, busy
+    def __init__(self, real: Any, start: Callable[[str, StepOutcome, AsyncIterator[str]], Awaitable[Verdict]]):
+        self.real, self.start = real, start
         self._actions: asyncio.Queue[str | None] = asyncio.Queue()
-        self._replay: asyncio.Task[Verdict] | None = None
+        self._judge: asyncio.Task[Verdict] | None = None
 
     async def reset_slot(self, slot: int, task_id: str) -> StepOutcome:
         outcome = await self.real.reset_slot(slot, task_id)
         if not outcome.done:
-            self._replay = asyncio.create_task(self.world.replay(
-                outcome.info.get("task", ""), outcome.observation, self._queued(), self.slot, self.busy))
+            self._judge = asyncio.create_task(self.start(task_id, outcome, self._queued()))
         return outcome
 
     async def step_slot(self, slot: int, action: str) -> StepOutcome:
@@ -241,16 +258,16 @@ class Shadow:
         self.real.end(slots)
 
     async def verdict(self) -> Verdict:
-        """The replay's ending once it has every action of the episode (0 at no step without a reset)."""
-        if self._replay is None:
+        """The judgement once it has every action of the episode (0 at no step without a reset)."""
+        if self._judge is None:
             return Verdict(0.0, 0)
         self._actions.put_nowait(None)
-        return await self._replay
+        return await self._judge
 
     def cancel(self) -> None:
-        """Stop the replay (its episode failed before a verdict was asked)."""
-        if self._replay is not None:
-            self._replay.cancel()
+        """Stop judging (its episode failed before a verdict was asked)."""
+        if self._judge is not None:
+            self._judge.cancel()
 
     async def _queued(self) -> AsyncIterator[str]:
         while (action := await self._actions.get()) is not None:
