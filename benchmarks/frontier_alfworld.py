@@ -48,9 +48,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import yaml
+from omegaconf import OmegaConf
 
-from turnopd.analysis.frontier import load_run
+from turnopd.analysis.frontier import BOOTSTRAP, load_run, percentile_interval
 from turnopd.orchestration.sweep import run_state
 
 WORLD_MODEL = "runs/world_models/alfworld"  # recipes/alfworld/world_model.yaml's output_dir, which
@@ -138,10 +138,8 @@ def debiasing_table(runs_dir: Path, seed: int = 0) -> None:
         real = np.array([r["success_rate_real"] for r in steps])
         debiased = np.array([r["success_rate_debiased"] for r in steps])
         gaps, rng = debiased - real, np.random.default_rng(seed)
-        resampled = [float(np.mean(rng.choice(gaps, size=len(gaps)))) for _ in range(2000)]
-        low, high = np.percentile(resampled, [2.5, 97.5])
-        verdict = (yaml.safe_load((group[0].path / "config.yaml").read_text())["world_model"] or {}).get(
-            "verdict", "last_turn")
+        low, high = percentile_interval([float(np.mean(rng.choice(gaps, size=len(gaps)))) for _ in range(BOOTSTRAP)])
+        verdict = OmegaConf.load(group[0].path / "config.yaml").world_model.get("verdict", "last_turn")
         print(f"| {name} | {verdict} | {len(steps)} | {real.mean():.1%} | {debiased.mean():.1%} | "
               f"{np.mean([r['world_model_bias'] for r in steps]):+.3f} | "
               f"{gaps.mean() * 100:+.1f} [{low * 100:+.1f}, {high * 100:+.1f}] |")
