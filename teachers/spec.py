@@ -9,6 +9,7 @@
     max_length: 2048              # context length the backend uses (vLLM: max_model_len)
     url: http://127.0.0.1:8000    # vllm_server only: where `turnopd teacher serve` listens
     urls: []                      # vllm_server only, instead of url: one per replica (least-loaded, with failover)
+    api_key_env: null             # vllm_server only: the environment variable holding the servers' API key
     tokenizer: null               # vllm_server only: local tokenizer dir for the start-up guard (default: model)
     options: {}                   # backend settings (see each backend's docstring)
     sft_recipe: null              # an SFT recipe that trains this teacher: built into `model` when missing
@@ -31,12 +32,20 @@ adapter into the base weights (merge_and_unload: a fixed teacher scores as fast 
 vllm backend starts its engine with enable_lora and sends the adapter with every request; a
 vllm_server is started with `--enable-lora --lora-modules <adapter_name>=<adapter>` and the client's
 requests name `adapter_name` (see teachers.vllm_server). The tokenizer is always the base's.
+
+Keyed servers: `api_key_env` names an environment variable (TURNOPD_TEACHER_KEY, say) that holds the
+API key; the key itself never goes in the spec, which is copied into run folders and repositories.
+`turnopd teacher serve` starts vLLM with the key, and the client sends it with every request, to every
+replica. A spec whose variable is unset (or empty) is refused when it is loaded, naming the variable,
+so a run stops before any model is loaded rather than at its first scoring request. See
+docs/teacher-servers.md.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -69,6 +78,7 @@ class TeacherSpec:
     sft_recipe: str | None = None
     adapter: str | None = None
     adapter_name: str | None = None
+    api_key_env: str | None = None
     source: str = ""  # the yaml it was loaded from ("" when built in code)
 
 
@@ -94,9 +104,15 @@ def load_teacher_spec(path: str | os.PathLike[str]) -> TeacherSpec:
         raise TeacherSpecError(f"teacher spec not found: {path} (looked at {', '.join(map(str, candidates))})")
     try:
         raw = OmegaConf.load(spec_path)
+        if "api_key" in raw:  # a key written into the file would travel wherever the spec is copied
+            raise TeacherSpecError(f"teacher spec {spec_path}: key 'api_key': the API key does not go in the spec; "
+                                   "put it in an environment variable and name that with `api_key_env` "
+                                   "(e.g. api_key_env: TURNOPD_TEACHER_KEY)")
         spec: TeacherSpec = validate(raw, schema=TeacherSpec, checks=())
     except RecipeError as exc:
         raise TeacherSpecError(f"teacher spec {spec_path}: {str(exc).replace('recipe key', 'key')}") from None
+    except TeacherSpecError:
+        raise
     except Exception as exc:  # yaml syntax
         raise TeacherSpecError(f"teacher spec {spec_path}: cannot parse: {exc}") from None
     spec.source = str(spec_path.resolve())
@@ -121,6 +137,7 @@ def load_teacher_spec(path: str | os.PathLike[str]) -> TeacherSpec:
     if spec.adapter:
         spec.adapter = _resolve(spec.adapter, spec_path.parent)
     check_adapter(spec)
+    api_key(spec)  # an unset variable is refused now, before a run loads any model
     return spec
 
 
@@ -192,6 +209,31 @@ def served_model_name(spec: TeacherSpec, base: bool = False) -> str:
     if base or not (spec.adapter or spec.adapter_name):
         return base_name
     return spec.adapter_name or f"{spec.name}-lora"
+
+
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def api_key(spec: TeacherSpec) -> str | None:
+    """The API key of a vllm_server teacher's servers, read from the environment variable the spec's
+    `api_key_env` names; None for a spec without one. TeacherSpecError when the variable is unset or
+    empty, or `api_key_env` is not a variable name (the value is not echoed: it may be the key itself)."""
+    name = spec.api_key_env
+    if name is None:
+        return None
+    where = f"teacher spec {spec.source or spec.name}: key 'api_key_env'"
+    if spec.backend != "vllm_server":
+        raise TeacherSpecError(f"{where}: names the key of a vllm_server teacher's servers; backend "
+                               f"{spec.backend} contacts no server")
+    if not _VARIABLE_NAME.fullmatch(name):
+        raise TeacherSpecError(f"{where}: not an environment variable name (letters, digits and _): it names the "
+                               "variable that holds the key (e.g. TURNOPD_TEACHER_KEY), never the key itself")
+    key = os.environ.get(name, "")
+    if not key:
+        raise TeacherSpecError(f"{where}: the environment variable {name} is not set; set it to the API key the "
+                               f"teacher's servers were started with (`turnopd teacher serve` reads it from {name} "
+                               "too)")
+    return key
 
 
 def server_urls(spec: TeacherSpec) -> list[str]:

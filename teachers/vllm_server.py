@@ -10,7 +10,11 @@ batch goes to another at once; a down replica is tried again (the next request i
 a back-off that doubles from `backoff_s` up to `max_backoff_s`, and is back as soon as it answers.
 When no replica answered a batch within `timeout_s`, a TeacherServerError names every replica and
 its last error. A 4xx answer (a request the server refuses, e.g. a sequence too long) fails at
-once: every replica would refuse it.
+once: every replica would refuse it. So does HTTP 401, a key the server does not accept (or none),
+with an error that names the replica and the variable the key comes from.
+
+Keyed servers (spec.api_key_env, see teachers.spec.api_key): every request carries
+`Authorization: Bearer <key>`, the header vLLM's --api-key / VLLM_API_KEY checks on /v1 routes.
 
 spec.url or spec.urls: the servers' base URLs. spec.options: `batch_size` (sequences per request,
 default 16), `timeout_s` (per batch, retries included, default 300), `request_timeout_s` (one
@@ -47,7 +51,7 @@ from typing import Any
 import requests
 
 from teachers.base import TEACHER_BACKENDS, TokenScores, check_sequences
-from teachers.spec import TeacherSpec, max_logprobs, served_model_name, server_urls
+from teachers.spec import TeacherSpec, api_key, max_logprobs, served_model_name, server_urls
 from teachers.vllm_teacher import scores_from_prompt_logprobs
 
 
@@ -165,6 +169,9 @@ class VLLMServerTeacher:
         if not urls:
             raise ValueError(f"teacher {spec.name}: backend vllm_server needs spec.url or spec.urls")
         self.name = spec.name
+        self.api_key_env = spec.api_key_env
+        # read once here: a spec built in code, not loaded, gets the unset-variable check too
+        self.headers = {"Authorization": f"Bearer {key}"} if (key := api_key(spec)) else {}
         options = spec.options
         self.model_name = served_model_name(spec)  # the adapter's LoRA module, else the base
         self.batch_size = int(options.get("batch_size", 16))
@@ -230,6 +237,8 @@ class VLLMServerTeacher:
             raise ReplicaFault(f"{type(exc).__name__}: {exc}") from None
         if response.status_code >= 500:
             raise ReplicaFault(f"HTTP {response.status_code}: {response.text[:200]}")
+        if response.status_code == 401:  # another replica holds the same key: no use trying it
+            raise TeacherServerError(self._unauthorized(url, response))
         if response.status_code >= 400:
             raise TeacherServerError(f"teacher server {url} refused the request "
                                      f"(HTTP {response.status_code}): {response.text[:500]}")
@@ -238,9 +247,21 @@ class VLLMServerTeacher:
         except ValueError as exc:
             raise ReplicaFault(f"malformed JSON ({exc}): {response.text[:200]!r}") from None
 
+    def _unauthorized(self, url: str, response: requests.Response) -> str:
+        answer = f"HTTP 401: {response.text[:200]}"
+        if self.api_key_env is None:
+            return (f"teacher server {url} requires an API key ({answer}), and teacher spec {self.name} names "
+                    "none: set `api_key_env` in the spec to the environment variable that holds the key the "
+                    "server was started with (e.g. api_key_env: TURNOPD_TEACHER_KEY), set that variable, then "
+                    "continue the run with --resume RUN_DIR")
+        return (f"teacher server {url} refused the API key in ${self.api_key_env} ({answer}): set "
+                f"{self.api_key_env} to the key the server was started with, then continue the run with "
+                "--resume RUN_DIR")
+
     def _session(self) -> requests.Session:
         if not hasattr(self._local, "session"):
             self._local.session = requests.Session()
+            self._local.session.headers.update(self.headers)
             self._sessions.append(self._local.session)
         return self._local.session
 

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from teachers import TeacherServerError, TeacherSpec, make_teacher, merge_replica_stats
+from teachers import TeacherServerError, TeacherSpec, TeacherSpecError, make_teacher, merge_replica_stats
 from teachers.spec import server_urls
 from teachers.vllm_server import Replicas
 from tests.teachers.test_teachers import random_ids
@@ -25,10 +25,13 @@ from tests.teachers.test_teachers import random_ids
 
 class Replica:
     """One server: `mode` says how it answers (ok, http500, http503, http400, truncated, wrong_count,
-    hang, die: shut down on the next request, leaving it unanswered)."""
+    hang, die: shut down on the next request, leaving it unanswered). With `key`, a request whose
+    Authorization header is not `Bearer <key>` gets vLLM's answer to it, HTTP 401 {"error": "Unauthorized"};
+    `authorizations` lists the header of every request."""
 
-    def __init__(self, teacher):
+    def __init__(self, teacher, key: str | None = None):
         self.mode, self.requests, self.teacher, self.stopped = "ok", 0, teacher, False
+        self.key, self.authorizations = key, []
         replica = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -38,12 +41,20 @@ class Replica:
             def do_POST(self):
                 replica.requests += 1
                 payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                mode = replica.mode
+                replica.authorizations.append(self.headers.get("Authorization"))
+                mode = "http401" if replica.key and self.headers.get("Authorization") != f"Bearer {replica.key}" \
+                    else replica.mode
                 if mode == "die":  # the server goes away with this request unanswered
                     replica.stop()
                     return
                 if mode == "hang":
                     time.sleep(3.0)
+                if mode == "http401":
+                    self.send_response(401)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    self.wfile.write(b'{"error":"Unauthorized"}')
+                    return
                 if mode.startswith("http"):
                     self.send_response(int(mode[4:]))
                     self.end_headers()
@@ -96,10 +107,10 @@ def replicas(reference) -> Iterator[list[Replica]]:
         server.stop()
 
 
-def client_for(tiny_model_dir, urls: list[str], **options):
+def client_for(tiny_model_dir, urls: list[str], api_key_env: str | None = None, **options):
     return make_teacher(TeacherSpec(name="t", model=str(tiny_model_dir), backend="vllm_server", urls=urls,
-                                    max_length=1024, options={"batch_size": 2, "timeout_s": 10.0,
-                                                              "backoff_s": 0.2, **options}))
+                                    max_length=1024, api_key_env=api_key_env,
+                                    options={"batch_size": 2, "timeout_s": 10.0, "backoff_s": 0.2, **options}))
 
 
 SEQUENCES = [random_ids(12 + i, 200, seed=i) for i in range(8)]  # 4 batches of 2
@@ -223,3 +234,61 @@ def test_a_refused_request_fails_at_once(tiny_model_dir, replicas):
         client.score(SEQUENCES[:2])
     assert time.monotonic() - t0 < 2.0 and sum(r.requests for r in replicas) == 1
     client.close()
+
+
+KEY_VARIABLE = "TURNOPD_TEST_TEACHER_KEY"
+
+
+@pytest.fixture
+def keyed_replicas(reference) -> Iterator[list[Replica]]:
+    servers = [Replica(reference, key="s3cret-A"), Replica(reference, key="s3cret-A")]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def test_the_key_goes_with_every_request_to_every_replica(tiny_model_dir, keyed_replicas, reference, monkeypatch):
+    monkeypatch.setenv(KEY_VARIABLE, "s3cret-A")
+    client = client_for(tiny_model_dir, [r.url for r in keyed_replicas], api_key_env=KEY_VARIABLE)
+    got = client.score(SEQUENCES)
+    assert flat_logprobs(got) == pytest.approx(flat_logprobs(reference.score(SEQUENCES)), abs=1e-6)
+    assert all(r.requests >= 1 for r in keyed_replicas)  # 4 batches over 2 replicas, from 2 threads
+    assert {h for r in keyed_replicas for h in r.authorizations} == {"Bearer s3cret-A"}
+    client.close()
+    unkeyed = Replica(reference)
+    plain = client_for(tiny_model_dir, [unkeyed.url])
+    plain.score(SEQUENCES[:2])
+    assert unkeyed.authorizations == [None]  # a spec without api_key_env sends no header
+    unkeyed.stop()
+    plain.close()
+
+
+@pytest.mark.parametrize("sent", ["wrong", "none"])
+def test_a_wrong_or_missing_key_fails_at_once_naming_the_url_and_the_variable(tiny_model_dir, keyed_replicas,
+                                                                              monkeypatch, sent):
+    monkeypatch.setenv(KEY_VARIABLE, "s3cret-B")
+    client = client_for(tiny_model_dir, [r.url for r in keyed_replicas],
+                        api_key_env=KEY_VARIABLE if sent == "wrong" else None)
+    t0 = time.monotonic()
+    with pytest.raises(TeacherServerError) as err:
+        client.score(SEQUENCES[:2])
+    assert time.monotonic() - t0 < 2.0
+    assert sum(r.requests for r in keyed_replicas) == 1  # not retried: every replica holds the same key
+    (asked,) = (r for r in keyed_replicas if r.requests)
+    message = str(err.value)
+    assert f"teacher server {asked.url}" in message and 'HTTP 401: {"error":"Unauthorized"}' in message
+    if sent == "wrong":
+        assert f"refused the API key in ${KEY_VARIABLE}" in message and "s3cret" not in message
+    else:
+        assert "requires an API key" in message and "api_key_env" in message
+    assert client.take_replica_stats()[asked.url]["failures"] == 0  # the replica is not marked down
+    client.close()
+
+
+def test_a_client_whose_key_variable_is_unset_is_refused_before_any_request(tiny_model_dir, keyed_replicas,
+                                                                             monkeypatch):
+    monkeypatch.delenv(KEY_VARIABLE, raising=False)
+    with pytest.raises(TeacherSpecError, match=f"key 'api_key_env': the environment variable {KEY_VARIABLE} is "
+                                               "not set"):
+        client_for(tiny_model_dir, [r.url for r in keyed_replicas], api_key_env=KEY_VARIABLE)
+    assert sum(r.requests for r in keyed_replicas) == 0

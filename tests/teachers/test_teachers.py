@@ -388,3 +388,73 @@ def test_adapter_specs_checked_at_load(lora_adapter, tiny_model_dir, tmp_path):
     assert VLLMServerTeacher(spec).model_name == "alf-sft"
     with pytest.raises(TeacherSpecError, match="key 'adapter_name': 'alf-sft' names a LoRA module, but the spec has no"):
         server_command(spec)
+
+
+KEY_VARIABLE = "TURNOPD_TEST_TEACHER_KEY"
+
+
+def test_api_key_env_names_a_set_variable_and_never_holds_the_key(tmp_path, monkeypatch):
+    from teachers.spec import api_key
+
+    server = "name: t\nmodel: m\nbackend: vllm_server\nurl: http://127.0.0.1:9\n"
+    (tmp_path / "keyed.yaml").write_text(server + f"api_key_env: {KEY_VARIABLE}\n")
+    monkeypatch.setenv(KEY_VARIABLE, "s3cret")
+    spec = load_teacher_spec(tmp_path / "keyed.yaml")
+    assert (spec.api_key_env, api_key(spec)) == (KEY_VARIABLE, "s3cret")
+    saved = save_teacher_spec(spec, tmp_path / "copy.yaml").read_text()
+    assert f"api_key_env: {KEY_VARIABLE}" in saved and "s3cret" not in saved  # the name travels, not the key
+    assert api_key(TeacherSpec(name="t", model="m", backend="vllm_server", url="http://h:1")) is None
+    for unset in ("", None):  # an empty variable is as good as none
+        if unset is None:
+            monkeypatch.delenv(KEY_VARIABLE)
+        else:
+            monkeypatch.setenv(KEY_VARIABLE, unset)
+        with pytest.raises(TeacherSpecError, match=f"keyed.yaml: key 'api_key_env': the environment variable "
+                                                   f"{KEY_VARIABLE} is not set"):
+            load_teacher_spec(tmp_path / "keyed.yaml")
+    bad = {
+        "api_key: s3cret-in-the-file\n": "key 'api_key': the API key does not go in the spec",
+        "api_key_env: sk-live-s3cret-in-the-file\n": "key 'api_key_env': not an environment variable name",
+    }
+    for text, message in bad.items():
+        (tmp_path / "bad.yaml").write_text(server + text)
+        with pytest.raises(TeacherSpecError, match=message) as err:
+            load_teacher_spec(tmp_path / "bad.yaml")
+        assert "s3cret" not in str(err.value)  # a key pasted in by mistake is not printed
+    (tmp_path / "bad.yaml").write_text(f"name: t\nmodel: m\napi_key_env: {KEY_VARIABLE}\n")
+    with pytest.raises(TeacherSpecError, match="key 'api_key_env': names the key of a vllm_server teacher's "
+                                               "servers; backend transformers contacts no server"):
+        load_teacher_spec(tmp_path / "bad.yaml")
+
+
+@pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("127.0.1.1", True), ("::1", True),
+                                                ("localhost", True), ("0.0.0.0", False), ("::", False),
+                                                ("10.0.0.5", False), ("node7", False)])
+def test_loopback_hosts(host, loopback):
+    from turnopd.commands.teacher import is_loopback
+
+    assert is_loopback(host) is loopback
+
+
+def test_teacher_serve_refuses_a_reachable_host_without_a_key(tmp_path, monkeypatch, capsys):
+    """Checked before vLLM is started: the spec's model folder is missing, so a serve that passes the
+    host check stops at that error instead (the keyed server itself: tests/teachers/test_vllm_teachers.py)."""
+    from turnopd.cli import main
+
+    server = f"name: t\nmodel: {tmp_path / 'no-model'}\nbackend: vllm_server\nurl: http://127.0.0.1:9\n"
+    (tmp_path / "open.yaml").write_text(server)
+    (tmp_path / "keyed.yaml").write_text(server + f"api_key_env: {KEY_VARIABLE}\n")
+    monkeypatch.delenv(KEY_VARIABLE, raising=False)
+
+    def serve(spec: str, *flags: str) -> str:
+        assert main(["teacher", "serve", str(tmp_path / spec), *flags]) == 2
+        return capsys.readouterr().err
+
+    err = serve("open.yaml", "--host", "0.0.0.0")
+    assert err.startswith("error: teacher t: --host 0.0.0.0 can be reached from other machines, and the spec names "
+                          "no API key") and "api_key_env" in err and "--insecure" in err
+    assert "model directory not found" in serve("open.yaml", "--host", "0.0.0.0", "--insecure")
+    assert "model directory not found" in serve("open.yaml", "--host", "127.0.0.1")
+    assert f"the environment variable {KEY_VARIABLE} is not set" in serve("keyed.yaml", "--host", "0.0.0.0")
+    monkeypatch.setenv(KEY_VARIABLE, "s3cret")
+    assert "model directory not found" in serve("keyed.yaml", "--host", "0.0.0.0")

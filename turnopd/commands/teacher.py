@@ -4,13 +4,16 @@
 
 `serve` runs `python -m vllm.entrypoints.openai.api_server` (see teachers.spec.server_command), prints
 the URL to put in the spec's `url` (backend vllm_server), waits until the server answers /health,
-and stays in the foreground until the server ends or Ctrl-C stops it.
+and stays in the foreground until the server ends or Ctrl-C stops it. A spec with `api_key_env` starts
+the server with the key that variable holds; a server on a host other than loopback needs one (or
+--insecure). See docs/teacher-servers.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import ipaddress
 import json
 import os
 import signal
@@ -24,13 +27,33 @@ import requests
 READY_POLL_S = 2.0
 
 
+def is_loopback(host: str) -> bool:
+    """Whether a server bound to `host` answers this machine only. A host name other than localhost
+    counts as reachable from elsewhere: what it resolves to is not known here."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def serve(args: argparse.Namespace) -> int:
     from teachers import TeacherSpecError, load_teacher_spec, server_command
+    from teachers.spec import api_key
 
     try:
         spec = load_teacher_spec(args.spec)
+        key = api_key(spec)
     except TeacherSpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    exposed = not is_loopback(args.host)
+    if exposed and key is None and not args.insecure:
+        print(f"error: teacher {spec.name}: --host {args.host} can be reached from other machines, and the spec "
+              "names no API key, so anyone who reaches the port could use the server. Set `api_key_env` in the "
+              f"spec ({spec.source}) to an environment variable that holds a key, and set it; or pass --insecure "
+              "to serve it without one (on a network only the run can reach)", file=sys.stderr)
         return 2
     if not os.path.isdir(spec.model):
         print(f"error: teacher {spec.name}: model directory not found: {spec.model}", file=sys.stderr)
@@ -41,6 +64,18 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     command = server_command(spec, host=args.host, port=args.port)
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", **os.environ}
+    # The server's key is the spec's and nothing else (vLLM would also take one left in VLLM_API_KEY),
+    # and it goes in the environment, not on the command line, which every user of the node can list.
+    env.pop("VLLM_API_KEY", None)
+    if key is not None:
+        env["VLLM_API_KEY"] = key
+    if exposed and key is None:
+        print(f"warning: serving teacher {spec.name} on {args.host} without an API key (--insecure): anyone who "
+              f"reaches port {args.port} can use it", file=sys.stderr, flush=True)
+    if exposed and key is not None:
+        print("note: vLLM checks the key on its /v1 (/v2, /inference) routes only; others (/invocations, /tokenize, "
+              f"/metrics) answer whoever reaches port {args.port}. To close them, bind the server to 127.0.0.1 behind "
+              "a TLS proxy that forwards /v1 and /health only (docs/teacher-servers.md)", file=sys.stderr, flush=True)
     url = f"http://{args.host}:{args.port}"
     print(f"starting the vLLM server for teacher {spec.name} ({spec.model}): {' '.join(command)}", flush=True)
     server = subprocess.Popen(command, env=env)
@@ -52,8 +87,9 @@ def serve(args: argparse.Namespace) -> int:
                    else f"did not answer {url}/health within {args.ready_timeout:g} s")
             print(f"error: the vLLM server {why}", file=sys.stderr)
             return 1
-        print(f"teacher {spec.name} is served at {url} (set `url: {url}` and `backend: vllm_server` in the spec)",
-              flush=True)
+        keyed = f"; requests need the key in ${spec.api_key_env}" if key is not None else ""
+        print(f"teacher {spec.name} is served at {url} (set `url: {url}` and `backend: vllm_server` in the "
+              f"spec{keyed})", flush=True)
         return server.wait()
     except KeyboardInterrupt:
         return 0
@@ -168,6 +204,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--ready-timeout", type=float, default=600.0, metavar="S",
                    help="seconds to wait for the server to answer /health")
+    s.add_argument("--insecure", action="store_true",
+                   help="serve on a host other than loopback although the spec names no API key (api_key_env)")
     s.set_defaults(func=serve)
     a = teacher_sub.add_parser("audit", help="teacher takeovers from student states: where the teacher is right, "
                                              "and whether its familiarity signals tell")

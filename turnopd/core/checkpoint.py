@@ -4,15 +4,24 @@ renamed, so a crash never leaves a half-written checkpoint that looks complete.
 A checkpoint holds the trainer's files (student in Hugging Face format, optimizer, scheduler; see
 turnopd.trainer.Trainer.save), the tokenizer, `loop_state.json` (step, training/wall clocks, depth-controller state)
 and `rng_<rank>.pt` (Python, NumPy and torch RNG states of each rank).
+
+`rng_<rank>.pt` holds a tensor and plain data only and is loaded with `weights_only=True`, so a
+crafted one (a pickle whose __reduce__ calls os.system, say) is refused with CheckpointRefused
+instead of run. The RNG files of checkpoints written before held NumPy's state as an array; the NumPy
+names that rebuild such an array are allowed, and nothing else. The trainer's files under
+`deepspeed/` are read the same way (turnopd.trainer.Trainer.load gives DeepSpeed's loader
+`load_plain` with the few DeepSpeed classes its state files name).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +40,42 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"step_{step:06d}"
 
 
+class CheckpointRefused(pickle.UnpicklingError):
+    """A checkpoint file that holds more than tensors and plain data: not loaded, as loading it could run code."""
+
+
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """This process's RNG states as a tensor and plain data (what `torch.load(weights_only=True)` reads)."""
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    numpy_state = (str(name), [int(k) for k in keys], int(pos), int(has_gauss), float(cached_gaussian))
+    return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached_gaussian = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
     torch.set_rng_state(state["torch"])
+
+
+# What a NumPy uint32 array pickles as (its rebuild function, ndarray, dtype and the uint32 dtype's
+# class): the RNG files of older checkpoints hold NumPy's key array so. They build an array, nothing else.
+_NUMPY_ARRAY_GLOBALS = [np.empty(0, np.uint32).__reduce__()[0], np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def load_plain(path: Path, allowed: Sequence[Any] = (), map_location: Any = None) -> Any:
+    """A torch.save'd file of tensors and plain data (and the `allowed` classes), loaded without
+    running code from it."""
+    try:
+        with torch.serialization.safe_globals([*_NUMPY_ARRAY_GLOBALS, *allowed]):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        # torch's own message advises loading with weights_only=False: what must not happen here
+        named = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        what = f"it names {named.group(1)}" if named else "it is not a pickle of tensors and plain data"
+        raise CheckpointRefused(f"{path} was not loaded: {what}, and loading it could run code. TurnOPD writes "
+                                "only tensors and plain data there: the file was made or changed by something "
+                                "else") from None
 
 
 def _barrier() -> None:
@@ -127,4 +164,4 @@ def load_loop_state(ckpt: Path) -> dict[str, Any]:
 
 def load_rng(ckpt: Path) -> None:
     rank, _ = rank_and_world()
-    set_rng_state(torch.load(ckpt / f"rng_{rank}.pt", weights_only=False))
+    set_rng_state(load_plain(ckpt / f"rng_{rank}.pt"))
