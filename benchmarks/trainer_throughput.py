@@ -6,7 +6,9 @@
 
 Each trainer trains on the same B sequences of prompt + completion tokens (the completion is the
 student's sampled answer; its tokens carry the loss) for `warmup + steps` optimizer steps, in
-`--dtype` on CPU (bfloat16: DeepSpeed's bf16 with fp32 master weights; TRL's bf16 autocast), lr 1e-6, gradient clip 1.0, torch's fused AdamW (TRL's default), one micro-batch per step.
+`--dtype` on the run's device (turnopd.core.device: the GPU when there is one, else the CPU;
+bfloat16: DeepSpeed's bf16 with fp32 master weights; TRL's bf16 autocast), lr 1e-6, gradient clip
+1.0, torch's fused AdamW (TRL's default), one micro-batch per step.
 Rollout generation is excluded from every trainer: TRL's GKDTrainer runs on-policy (lmbda=1) with
 beta=1 (reverse KL over the full vocabulary), and its `generate_on_policy_outputs` is replaced by
 one returning the given completions, as TurnOPD's trainer gets them from the rollout phase.
@@ -19,8 +21,8 @@ one returning the given completions, as TurnOPD's trainer gets them from the rol
 
 Reported: trained tokens/s (all prompt + completion tokens through the student per second of an
 optimizer step after warm-up; median and best step) and MFU = 6 * params * tokens/s over the matmul
-peak in the same dtype measured in the same run (best 2048^3 matmul, before and after; teacher
-forwards are not counted in the 6 * params). Each trainer runs in its own process, one after another, for its
+peak in the same dtype measured in the same run on the device that trains (best 2048^3 matmul on a
+CPU, 8192^3 on a GPU, before and after; teacher forwards are not counted in the 6 * params). Each trainer runs in its own process, one after another, for its
 peak RSS.
 """
 
@@ -39,21 +41,16 @@ from pathlib import Path
 
 import torch
 
+from turnopd.core.device import matmul_peak_flops, run_device
+
 REPO = Path(__file__).resolve().parents[1]
 TRAINERS = ("turnopd-full", "turnopd-k1", "trl-gkd")
 
 
-def matmul_peak_flops(threads: int, dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
-    """Best observed FLOP/s of a size^3 matmul in `dtype` (2 * size^3 flops)."""
-    torch.set_num_threads(threads)
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    a @ b  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+def peak_matmul_size(device: torch.device) -> int:
+    """The peak's matmul: 2048^3 is seconds' worth of work on a CPU; on a GPU it is a few
+    microseconds, mostly launch, so there it is 8192^3."""
+    return 8192 if device.type == "cuda" else 2048
 
 
 def load_models(model: str) -> tuple[torch.nn.Module, torch.nn.Module, object]:
@@ -153,7 +150,7 @@ def run_trl_gkd(args: argparse.Namespace) -> tuple[list[float], int]:
         config = GKDConfig(output_dir=out, lmbda=1.0, beta=1.0, temperature=1.0, max_new_tokens=args.completion_len,
                            per_device_train_batch_size=args.batch, gradient_accumulation_steps=1, max_steps=steps,
                            learning_rate=1e-6, lr_scheduler_type="constant", max_grad_norm=1.0, optim="adamw_torch_fused",
-                           use_cpu=True, bf16=args.dtype == "bfloat16", fp16=False, report_to=[], save_strategy="no", logging_steps=10**6,
+                           use_cpu=run_device().type == "cpu", bf16=args.dtype == "bfloat16", fp16=False, report_to=[], save_strategy="no", logging_steps=10**6,
                            dataloader_num_workers=0, max_length=None, seed=0)
         trainer = GKDTrainer(model=student, teacher_model=teacher, args=config, processing_class=tokenizer,
                              data_collator=collate, train_dataset=Dataset.from_list([{"input_ids": r} for r in rows] * steps),
@@ -185,8 +182,10 @@ def main() -> None:
         worker(args)
         return
 
-    dtype = getattr(torch, args.dtype)
-    peak = matmul_peak_flops(args.threads, dtype)
+    dtype, device = getattr(torch, args.dtype), run_device()
+    torch.set_num_threads(args.threads)
+    size = peak_matmul_size(device)
+    peak = matmul_peak_flops(device, dtype, size)
     results = {}
     for name in TRAINERS:
         cmd = [sys.executable, __file__, "--worker", name, *sys.argv[1:]]
@@ -196,13 +195,14 @@ def main() -> None:
             sys.exit(f"{name} failed:\n{done.stderr[-4000:]}")
         results[name] = json.loads(done.stdout.strip().splitlines()[-1])
         print(f"{name}: step times {[round(t, 2) for t in results[name]['times']]} s", file=sys.stderr)
-    peak = max(peak, matmul_peak_flops(args.threads, dtype))
+    peak = max(peak, matmul_peak_flops(device, dtype, size))
 
     params = results["turnopd-k1"]["params"]
     tokens = args.batch * (args.prompt_len + args.completion_len)
     print(f"\nModel {args.model} ({params / 1e6:.1f}M params), batch {args.batch} x ({args.prompt_len} prompt + "
-          f"{args.completion_len} completion) tokens, {args.dtype}, {args.threads} threads, {args.steps} timed steps "
-          f"after {args.warmup} warm-up; {args.dtype} matmul peak {peak / 1e9:.0f} GFLOP/s (2048^3, same run)\n")
+          f"{args.completion_len} completion) tokens, {args.dtype} on {device}, {args.threads} threads, {args.steps} "
+          f"timed steps after {args.warmup} warm-up; {args.dtype} matmul peak {peak / 1e9:.0f} GFLOP/s ({size}^3 on "
+          f"{device}, same run)\n")
     print("| trainer | loss | tokens/s (median step) | tokens/s (best step) | MFU (best) | vs TRL GKD "
           "(median / best) | peak RSS |")
     print("|---|---|---|---|---|---|---|")

@@ -4,8 +4,8 @@ It exposes `.model` (the nn.Module) and `.tokenizer`, so the trainer's `full` es
 teacher in its own process. With spec.adapter (a LoRA adapter folder), the adapter is loaded on the
 base and merged into its weights (`PeftModel.from_pretrained(base, adapter).merge_and_unload()`): a
 fixed teacher scores as fast as the base, and `.model` is a plain model. spec.options:
-`max_batch_tokens` (padded tokens per forward pass, default 2048: the logits of a pass take
-max_batch_tokens x vocab floats), `device` (default cuda when available, else cpu).
+`max_batch_tokens` (padded tokens per forward pass, default 2048 on a CPU and 16384 on a GPU, see
+GPU_MAX_BATCH_TOKENS), `device` (default: the run's, turnopd.core.device).
 """
 
 from __future__ import annotations
@@ -15,7 +15,16 @@ import torch
 from teachers.base import TEACHER_BACKENDS, TokenScores, check_sequences
 from teachers.spec import TeacherSpec, check_adapter
 from turnopd.algorithm.familiarity import entropy_from_logprobs
+from turnopd.core.device import run_device
 from turnopd.engines.hf_models import length_batches, load_model, model_max_length
+
+# Padded tokens per forward pass (spec.options.max_batch_tokens unset). A pass's logits take
+# max_batch_tokens x vocab floats (2048 x 49k SmolLM2 logits: 0.4 GB in fp32), the bound on a CPU.
+# On a GPU a pass of 2048 tokens of a small model is a few milliseconds of kernel launches that leave
+# the chip mostly idle, and a step's episodes became many such tiny forwards; 16384 tokens keep it
+# busy while the logits stay a few GB (16384 x 49k in bf16: 1.6 GB; a 152k vocabulary in fp32: 10 GB).
+CPU_MAX_BATCH_TOKENS = 2048
+GPU_MAX_BATCH_TOKENS = 16384
 
 
 @TEACHER_BACKENDS.register("transformers")
@@ -30,14 +39,15 @@ class TransformersTeacher:
     def __init__(self, spec: TeacherSpec):
         self.name = spec.name
         adapter = check_adapter(spec)  # before the base loads: a bad adapter fails at once
-        self.model, self.tokenizer = load_model(spec.model, spec.dtype, adapter=spec.adapter if adapter else None)
+        self.device = torch.device(spec.options.get("device") or run_device())
+        self.model, self.tokenizer = load_model(spec.model, spec.dtype, adapter=spec.adapter if adapter else None,
+                                                device=self.device)
         if adapter is not None:
             self.model = self.model.merge_and_unload().eval()
-        device = spec.options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model.to(device).requires_grad_(False)
-        self.device = torch.device(device)
+        self.model.requires_grad_(False)
         self.max_length = min(spec.max_length, model_max_length(self.model, self.tokenizer))
-        self.max_batch_tokens = int(spec.options.get("max_batch_tokens", 2048))
+        default_tokens = GPU_MAX_BATCH_TOKENS if self.device.type == "cuda" else CPU_MAX_BATCH_TOKENS
+        self.max_batch_tokens = int(spec.options.get("max_batch_tokens", default_tokens))
 
     @torch.inference_mode()
     def score(self, sequences: list[list[int]], topk: int = 0) -> list[TokenScores]:

@@ -105,6 +105,17 @@ def test_row_sampler_draws_from_the_softmax():
     assert draws == {2, 3}
 
 
+def test_row_sampler_draws_on_its_device_from_each_requests_stream():
+    """The generators live on the device given (the model's); on the CPU each row's noise is the
+    plain CPU stream of its seed, -log(-log u) with u = torch.rand(vocab) seeded by the request."""
+    sampler = RowSampler([5, 6], 1.0, 1.0, device="cpu")
+    assert [g.device for g in sampler.generators] == [torch.device("cpu")] * 2
+    noise = sampler(None, torch.zeros(2, 50))
+    expected = torch.stack([-torch.log(-torch.log(torch.rand(50, generator=torch.Generator().manual_seed(seed))))
+                            for seed in (5, 6)])
+    torch.testing.assert_close(noise, expected, rtol=0, atol=0)
+
+
 def test_length_batches_group_rows_of_similar_length():
     lengths = [5, 30, 7, 28, 6, 29]
     # by rows: longest first (30, 29, 28 | 7, 6, 5): each batch pads to its own longest

@@ -1,6 +1,6 @@
 """Loading Hugging Face models and tokenizers, shared by the student's backends, the teachers and the
-trainer: dtype names, a local path checked before it is taken for a hub name, the context length,
-and batches of rows by length.
+trainer: dtype names, a local path checked before it is taken for a hub name, the device (the run's,
+turnopd.core.device, unless the caller names one), the context length, and batches of rows by length.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from turnopd.core.device import run_device
 from turnopd.engines.lora import add_adapter
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -23,10 +24,11 @@ def check_model_path(path: str | os.PathLike[str]) -> None:
         raise FileNotFoundError(f"model directory not found: {text}")
 
 
-def load_model(path: str | os.PathLike[str], dtype: str = "auto", adapter: str | os.PathLike[str] | None = None
-               ) -> tuple[nn.Module, Any]:
-    """A causal LM and its tokenizer from a Hugging Face directory (or hub name), in eval mode; with
-    `adapter`, a LoRA adapter folder on it (a peft model, not merged: a vllm policy serves it as one)."""
+def load_model(path: str | os.PathLike[str], dtype: str = "auto", adapter: str | os.PathLike[str] | None = None,
+               device: str | torch.device | None = None) -> tuple[nn.Module, Any]:
+    """A causal LM and its tokenizer from a Hugging Face directory (or hub name), in eval mode, on
+    `device` (default: the run's); with `adapter`, a LoRA adapter folder on it (a peft model, not
+    merged: a vllm policy serves it as one)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     check_model_path(path)
@@ -35,7 +37,7 @@ def load_model(path: str | os.PathLike[str], dtype: str = "auto", adapter: str |
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(adapter))
-    return model.eval(), AutoTokenizer.from_pretrained(path)
+    return model.to(device or run_device()).eval(), AutoTokenizer.from_pretrained(path)
 
 
 def length_batches(lengths: list[int], *, max_batch_tokens: int | None = None,
@@ -75,10 +77,12 @@ def resolve_dtype(name: str) -> torch.dtype:
     raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {name!r}")
 
 
-def load_student(path: str | os.PathLike[str], dtype: str, lora: Any = None) -> tuple[nn.Module, Any]:
-    """The student to train, in `student.dtype` (as the trainer reads `auto`), with a fresh LoRA adapter
-    when `lora` (a turnopd.config.LoraConfig) is given, and its tokenizer."""
+def load_student(path: str | os.PathLike[str], dtype: str, lora: Any = None,
+                 device: str | torch.device | None = None) -> tuple[nn.Module, Any]:
+    """The student to train or to generate with, in `student.dtype` (as the trainer reads `auto`), on
+    `device` (default: the run's, the GPU DeepSpeed trains on), with a fresh LoRA adapter when `lora`
+    (a turnopd.config.LoraConfig) is given, and its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype)).to(device or run_device())
     return (model if lora is None else add_adapter(model, lora)), AutoTokenizer.from_pretrained(path)

@@ -32,18 +32,23 @@ class RowSampler:
     drawn from softmax(logits_r / T) over its top-p set by the Gumbel-max trick,
     argmax_v(logits_rv / T + g_rv) with g_rv = -log(-log u_rv), u_rv ~ U(0, 1) from row r's
     generator (seeded by the request), which is a draw from that distribution. generate then takes
-    the argmax (do_sample=False), so a row's tokens do not depend on the rows batched with it."""
+    the argmax (do_sample=False), so a row's tokens do not depend on the rows batched with it.
 
-    def __init__(self, seeds: list[int | None], temperature: float, top_p: float):
-        self.generators = [torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(2**62, (1,))))
-                           for seed in seeds]
+    The generators live on `device`, the model's: on a GPU the noise is drawn there (no per-token
+    CPU draw and copy over). A seed gives other numbers on a GPU than on the CPU (another
+    generator), the same ones on every run of one device type."""
+
+    def __init__(self, seeds: list[int | None], temperature: float, top_p: float,
+                 device: str | torch.device = "cpu"):
+        self.generators = [torch.Generator(device=device).manual_seed(
+            seed if seed is not None else int(torch.randint(2**62, (1,)))) for seed in seeds]
         self.temperature, self.top_p = temperature, top_p
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         scores = scores.float() / self.temperature
         if self.top_p < 1.0:
             scores = top_p_filter(scores, self.top_p)
-        u = torch.stack([torch.rand(scores.shape[1], generator=g) for g in self.generators]).to(scores.device)
+        u = torch.stack([torch.rand(scores.shape[1], generator=g, device=g.device) for g in self.generators])
         return scores - torch.log(-torch.log(u.clamp(min=1e-20)))
 
 
@@ -72,7 +77,8 @@ class _StopStrings:
 
 @POLICY_BACKENDS.register("transformers")
 class TransformersPolicy:
-    """Student generation with Hugging Face transformers (CPU or one GPU).
+    """Student generation with Hugging Face transformers (CPU or one GPU: a model loaded here goes
+    to the run's device, turnopd.core.device; a loaded module generates where it is).
 
     config.options: `max_model_len` (default: the model's position limit), `batch_wait_s` (how
     long a batch may wait for the requests of other active episodes, default 0.05 s; see
@@ -148,17 +154,19 @@ class TransformersPolicy:
             return_dict_in_generate=True, output_logits=True,
         )
         sampler = [] if sampling.temperature == 0 else [RowSampler([s.seed for s in samplings], sampling.temperature,
-                                                                    sampling.top_p)]
+                                                                    sampling.top_p, device)]
         stopping = StoppingCriteriaList([_StopStrings(self.tokenizer, sampling.stop, width)] if sampling.stop else [])
         out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                                   generation_config=gen_config, logits_processor=LogitsProcessorList(sampler),
                                   stopping_criteria=stopping)
-        new_tokens = out.sequences[:, width:].cpu()
-        # out.logits: one [rows, vocab] tensor per step, before any processor (the row sampler).
+        new_tokens = out.sequences[:, width:]
+        # out.logits: one [rows, vocab] tensor per step, before any processor (the row sampler);
+        # gathered on the model's device and copied over once, not once per step
         logprobs = torch.stack([
-            step_logits.float().log_softmax(-1).gather(1, new_tokens[:, j : j + 1].to(step_logits.device)).squeeze(1).cpu()
+            step_logits.float().log_softmax(-1).gather(1, new_tokens[:, j : j + 1]).squeeze(1)
             for j, step_logits in enumerate(out.logits)
-        ], dim=1)
+        ], dim=1).cpu()
+        new_tokens = new_tokens.cpu()
         return [
             finish_completion(new_tokens[i].tolist(), logprobs[i].tolist(), self.tokenizer, sampling.stop, self.eos_ids)
             for i in range(len(rows))
