@@ -10,8 +10,13 @@ Regimes (both on recipes/quickstart.yaml: the tiny teacher, look_at_obj_in_light
 rollouts, all 50 held-out games of that type for evaluation, greedy Avg@1 every 8 steps and a
 final sampled Avg@4 at the rollouts' temperature):
 - headroom: the 400-step student (34% held-out against the teacher's 70%, ~30-turn episodes),
-  48 steps of 8 episodes; arms vanilla_opd, turnopd, fixed_cap (25 turns), tcod and
-  turnopd_continuous (an eighth of every step's episodes as probes).
+  48 steps of 8 episodes; arms vanilla_opd, turnopd, fixed_cap (25 turns), curriculum_trajectory
+  (TCOD's curriculum with vanilla OPD's loss; its saved runs carry its earlier name, headroom-tcod-s*),
+  turnopd_continuous (an eighth of every step's episodes as probes) and tcod_f2b (TCOD-F2B as its code
+  runs, docs/baselines.md, at the curriculum interval of 1 step: TCOD's 6 is for 250 steps and reaches
+  its horizon at 70% of them, and only 1 reaches the 40-turn horizon within 48 steps, at step 39).
+- headroom_tcod: headroom's settings, the TCOD arms on one build of the models: tcod_f2b (TCOD as its
+  code runs) against curriculum_trajectory (the arm headroom saved as tcod) and vanilla_opd.
 - paper: closer to the paper's: the 250-step student (it won 12%, 25% and 31% of its first three
   steps' 16 training episodes at H_max 50; the 350-step student won 38-56%), H_max 50, 32 steps of
   16 episodes, so that a probe batch holds 16 probes; arms vanilla_opd, turnopd, turnopd_continuous.
@@ -26,6 +31,12 @@ final sampled Avg@4 at the rollouts' temperature):
   model's bias in the closed loop); the verdict does not touch training, so the runs train as
   world_model's do, and the held-out evaluation is cut to one game (eval.max_tasks=1). Ends with the
   debiasing table: the step means of success_rate_debiased against success_rate_real.
+- equal_budget: the pre-registered headline comparison (docs/results/equal-budget-design.md): 20
+  optimizer steps of 8 episodes (where headroom's greedy curves still rise), greedy Avg@1 every 4
+  steps and the final sampled Avg@4; arms vanilla_opd and turnopd, then per seed the equal-work
+  control: vanilla OPD stopped by trainer.budget at the env steps that seed's TurnOPD run played
+  (its runs are named equal_budget-vanilla_opd_at_turnopd_work-s<seed>); at least 8 seeds
+  (--seeds 8). Ends with `turnopd frontier --margin 5` against vanilla_opd.
 - relabelled_teacher: headroom's settings, turnopd from the SFT teacher (sweep expert_teacher) and
   from the teacher made familiar with the student's states (sweep relabelled_teacher:
   recipes/alfworld/teacher_dagger.yaml, built on first use), same seeds, then one frontier of both.
@@ -33,13 +44,14 @@ final sampled Avg@4 at the rollouts' temperature):
 Each regime is one `turnopd sweep` or more (turnopd.orchestration.sweep: seed 0 of every arm, then seed 1, ...;
 a run's line gives the sweep's elapsed time and ETA; a sweep started again skips complete runs and
 resumes an interrupted one from its last checkpoint), then `turnopd frontier` on its runs. The runs
-the README reports are copied (metrics and configs) into benchmarks/results/frontier_alfworld/<regime>/
+the docs/results pages report are copied (metrics and configs) into benchmarks/results/frontier_alfworld/<regime>/
 (`--save-to`) as each regime ends, so `turnopd frontier` regenerates the tables from them alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import statistics
 import subprocess
@@ -59,11 +71,12 @@ COMMON = ["eval.every=8", "eval.final_k=4", "eval.temperature=0.5", "eval.teache
           "tracking=[]"]
 # regime: its sweeps, each (sweep name, methods, overrides); runs are named <sweep>-<method>-s<seed>
 REGIMES = {
-    "headroom": [("headroom", "vanilla_opd,turnopd,fixed_cap,tcod,turnopd_continuous", [])],
+    "headroom": [("headroom", "vanilla_opd,turnopd,fixed_cap,curriculum_trajectory,turnopd_continuous,tcod_f2b", [])],
+    "headroom_tcod": [("headroom_tcod", "vanilla_opd,curriculum_trajectory,tcod_f2b", [])],
     "familiarity": [("familiarity", "turnopd,turnopd_familiarity_weight,turnopd_familiarity_gate", [])],
     "relabelled_teacher": [("expert_teacher", "turnopd", []),
                            ("relabelled_teacher", "turnopd", ["teachers.alfworld=teachers/alfworld/teacher_dagger.yaml"])],
-    # world-model rollouts (turnopd.rollout.world_model) against real ones, at no added env latency and at
+    # world-model rollouts (turnopd.rollout.world_model_pool) against real ones, at no added env latency and at
     # 0.25 s a real env request (env.step_latency_s: a stand-in for a remote sandbox); 8 steps, the
     # held-out greedy Avg@1 at the end only (every evaluation plays the real env, latency included)
     "world_model": [(f"world_model_latency{latency}", "vanilla_opd,vanilla_opd_world_model,turnopd,turnopd_world_model", [
@@ -72,11 +85,36 @@ REGIMES = {
     "world_model_twin": [("world_model_twin_latency0", "vanilla_opd_world_model,turnopd_world_model", [
         "env.step_latency_s=0", "trainer.steps=8", "eval.at_start=false", "eval.teacher=false", "eval.final_k=null",
         "eval.max_tasks=1", "world_model.verdict=twin"])],
+    "equal_budget": [("equal_budget", "vanilla_opd,turnopd", ["trainer.steps=20", "eval.every=4"])],
     "paper": [("paper", "vanilla_opd,turnopd,turnopd_continuous", [
         "student.path=~/.cache/turnopd/models/alfworld-student-sft250",
-        "student.prepare_options.overrides=[trainer.steps=250]", "env.max_turns=50", "depth.h_max=50",
+        "student.prepare_options.overrides=[trainer.steps=250]", "env.max_turns=50",
         "trainer.steps=32", "trainer.episodes_per_step=16"])],
 }
+
+
+EQUAL_BUDGET_MARGIN = 5.0  # points of Avg@4, fixed before the runs (2.5 of the 50 held-out games)
+
+
+def equal_work_control(out_dir: Path, seeds: int, overrides: list[str]) -> int:
+    """The equal_budget regime's third arm: per seed, vanilla OPD with trainer.budget = the env steps
+    that seed's TurnOPD run played (a run already complete is skipped, an interrupted one resumed)."""
+    code = 0
+    for seed in range(seeds):
+        turnopd = load_run(out_dir / f"equal_budget-turnopd-s{seed}")
+        name = f"equal_budget-vanilla_opd_at_turnopd_work-s{seed}"
+        state = run_state(out_dir / name)
+        if state == "complete":
+            continue
+        command = [sys.executable, "-m", "turnopd.cli", "distill", "recipes/quickstart.yaml", "--resume",
+                   str(out_dir / name)] if state == "incomplete" else [
+            sys.executable, "-m", "turnopd.cli", "distill", "recipes/quickstart.yaml"]
+        command[5:5] = [f"name={name}", f"seed={seed}", f"output_dir={out_dir}", "depth.mode=full",
+                        "loss.mode=trajectory", *COMMON, *REGIMES["equal_budget"][0][2], "trainer.budget.unit=env_steps",
+                        f"trainer.budget.amount={turnopd.work_by(math.inf)['env_steps']:.0f}", *overrides]
+        print("$ " + " ".join(command), flush=True)
+        code = subprocess.call(command) or code
+    return code
 
 
 def save_runs(runs_dir: Path, save_dir: Path) -> None:
@@ -106,7 +144,7 @@ def world_model_pairs(runs_dir: Path) -> None:
             group = [by_key[(sweep, arm, s)] for s in seeds]
             if not group:
                 continue
-            steps = {key: statistics.fmean(sum(r.get(key) or 0 for r in run.train) for run in group)
+            steps = {key: statistics.fmean(sum(getattr(r, key) or 0 for r in run.train) for run in group)
                      for key in ("env_steps", "world_model_steps", "world_model_verdict_steps")}
             ratios = sorted(by_key[(sweep, method, s)].train_time_s / by_key[(sweep, arm, s)].train_time_s
                             for s in seeds if (sweep, method, s) in by_key)
@@ -132,16 +170,16 @@ def debiasing_table(runs_dir: Path, seed: int = 0) -> None:
         if run.complete and run.method.endswith("_world_model"):
             groups.setdefault(run.name.rsplit("-s", 1)[0], []).append(run)
     for name, group in groups.items():
-        steps = [r for run in group for r in run.train if r.get("success_rate_debiased") is not None]
+        steps = [r for run in group for r in run.train if r.success_rate_debiased is not None]
         if not steps:
             continue
-        real = np.array([r["success_rate_real"] for r in steps])
-        debiased = np.array([r["success_rate_debiased"] for r in steps])
+        real = np.array([r.success_rate_real for r in steps])
+        debiased = np.array([r.success_rate_debiased for r in steps])
         gaps, rng = debiased - real, np.random.default_rng(seed)
         low, high = percentile_interval([float(np.mean(rng.choice(gaps, size=len(gaps)))) for _ in range(BOOTSTRAP)])
         verdict = OmegaConf.load(group[0].path / "config.yaml").world_model.get("verdict", "last_turn")
         print(f"| {name} | {verdict} | {len(steps)} | {real.mean():.1%} | {debiased.mean():.1%} | "
-              f"{np.mean([r['world_model_bias'] for r in steps]):+.3f} | "
+              f"{np.mean([r.world_model_bias for r in steps]):+.3f} | "
               f"{gaps.mean() * 100:+.1f} [{low * 100:+.1f}, {high * 100:+.1f}] |")
 
 
@@ -183,6 +221,13 @@ def main() -> int:
                        Path(out_dir).glob("*/metrics.jsonl")), "--md", "--baseline", baseline,
                        "--out", f"{out_dir}/frontier.png"]
             print(f"== regime {regime}: all its runs\n$ " + " ".join(command), flush=True)
+            code = subprocess.call(command) or code
+        if regime == "equal_budget":
+            code = equal_work_control(Path(out_dir), args.seeds, args.overrides) or code
+            command = [sys.executable, "-m", "turnopd.cli", "frontier", *sorted(str(p.parent) for p in
+                       Path(out_dir).glob("*/metrics.jsonl")), "--md", "--baseline", "vanilla_opd",
+                       "--margin", str(EQUAL_BUDGET_MARGIN), "--out", f"{out_dir}/frontier.png"]
+            print("$ " + " ".join(command), flush=True)
             code = subprocess.call(command) or code
         if regime == "world_model":
             world_model_pairs(Path(out_dir))

@@ -55,7 +55,7 @@ env: {{name: alfworld, max_turns: {max_turns}, answer_format: action, history_le
 policy: {{max_new_tokens: {new_tokens}, temperature: 1.0}}
 objective: {{estimator: k1, clip_eps: 0.2}}
 loss: {{mode: progressive}}
-depth: {{mode: adaptive, h_max: {max_turns}, warmup_steps: 2, probe_every: 4, num_probes: {episodes},
+depth: {{mode: adaptive, warmup_steps: 2, probe_every: 4, num_probes: {episodes},
          min_successes: 1}}
 trainer: {{steps: {steps}, episodes_per_step: {episodes}, lr: 1.0e-4}}
 eval: {{every: {eval_every}, max_tasks: {eval_tasks}}}

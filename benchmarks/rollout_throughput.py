@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -92,7 +93,7 @@ def bench_engines(recipe: Path, backends: list[str], episodes: int, repeats: int
         trajs = []
         for tasks, sampling in batches:
             start = time.perf_counter()
-            trajs += engine(spec, pool, policy, tasks, env_config=cfg.env, sampling=sampling, cap=cap)
+            trajs += engine(spec, pool, policy, tasks, env_config=cfg.env, sampling=sampling)
             batch_walls.append(time.perf_counter() - start)
         return trajs
 
@@ -102,11 +103,11 @@ def bench_engines(recipe: Path, backends: list[str], episodes: int, repeats: int
         async def one(task, episode, sampling):
             async with slots.slot() as slot:
                 return await play_episode(spec, pool, policy, task, slot=slot, episode=episode, env_config=cfg.env,
-                                          sampling=sampling, cap=cap)
+                                          sampling=sampling, turn_limit=cap)
         return list(await asyncio.gather(*(one(task, i, sampling) for tasks, sampling in batches
                                            for i, task in enumerate(tasks))))
 
-    modes = {"lock-step batches": lambda *a: batched(lockstep_rollout, *a),
+    modes = {"lock-step batches": lambda *a: batched(functools.partial(lockstep_rollout, cap=cap), *a),
              "async batches": lambda *a: batched(rollout, *a),
              "async stream": lambda *a: asyncio.run(streamed(*a))}
     rows = []
@@ -167,12 +168,12 @@ def bench_rollouts(model_dir: Path, backends: list[str], batch_sizes: list[int],
             options = {"max_model_len": MAX_MODEL_LEN} if backend == "vllm" else {}
             policy = make_policy(PolicyConfig(backend=backend, max_batch_size=32, options=options), model_dir,
                                  dtype="float32")
-            rollout(spec, pool, policy, tasks[:2], env_config=env_config, sampling=sampling, cap=1)  # warm-up
+            rollout(spec, pool, policy, tasks[:2], env_config=env_config, sampling=sampling, turn_limits=[1] * len(tasks[:2]))  # warm-up
             for batch in batch_sizes:
                 ledger = Ledger()
                 start = time.perf_counter()
                 trajs = rollout(spec, pool, policy, tasks[:batch], env_config=env_config, sampling=sampling,
-                                cap=turns, ledger=ledger)
+                                turn_limits=[turns] * len(tasks[:batch]), ledger=ledger)
                 wall = time.perf_counter() - start
                 tokens = sum(t.num_action_tokens for t in trajs)
                 steps = sum(t.depth for t in trajs)

@@ -36,7 +36,7 @@ generation prompt (what TurnOPD's rollout engine does; checked against
 `turnopd.rollout.engine.chat_prompt_ids` when it imports).
 
     turnopd  `turnopd distill recipes/quickstart.yaml` with one-turn episodes: env.max_turns=1,
-             depth.h_max=1, depth.mode=full, loss.mode=token_mean, objective.estimator=full (the
+             depth.mode=full, loss.mode=token_mean, objective.estimator=full (the
              recipe's: full-vocabulary reverse KL, teacher in-process), B episodes per step, S steps,
              no eval at the start or during, a 1-task eval at the end (off the clock), no checkpoints,
              no trackers. Its clock and tokens are read from the run's metrics.jsonl. Each step
@@ -97,7 +97,7 @@ RECIPE = "recipes/quickstart.yaml"
 # The quickstart's env settings (recipes/alfworld/base.yaml): the first-turn prompt of each train game.
 ENV_SETTINGS = ["task_types=[look_at_obj_in_light]", "template=notebook", "answer_format=action",
                 "history_length=1", "options.notes=true", "max_turns=1"]
-NUM_TRAIN_GAMES = 100  # look_at_obj_in_light train games in ../shared/data
+NUM_TRAIN_GAMES = 100  # look_at_obj_in_light train games of the data folder
 MODELS = {
     # The quickstart's tiny pair: they share a tokenizer (the teacher's SFT recipe built both).
     "tiny": {"student": MODELS_DIR / "alfworld-student-sft400", "teacher": REPO / "runs/teachers/alfworld",
@@ -314,7 +314,7 @@ def turnopd_command(args: argparse.Namespace, model: str, workdir: Path, name: s
     spec = MODELS[model]
     overrides = [
         f"name={name}", f"output_dir={workdir}", f"seed={args.seed}",
-        "env.max_turns=1", "depth.h_max=1", "depth.h_min=1", "depth.mode=full", "loss.mode=token_mean",
+        "env.max_turns=1", "depth.h_min=1", "depth.mode=full", "loss.mode=token_mean",
         "objective.estimator=full", "objective.kind=reverse",
         f"trainer.episodes_per_step={args.batch}", f"trainer.steps={args.warmup + args.steps}",
         f"trainer.lr={args.lr}", "trainer.lr_schedule=constant", "trainer.lr_warmup_steps=0", "trainer.grad_clip=1.0",

@@ -49,10 +49,14 @@ def _worker(conn: Connection, spec: EnvSpec, step_latency_s: float = 0.0) -> Non
     outcome) message per item as soon as that item is done; ("end", [slot]) closes those slots'
     games (an episode the caller stops early); ("close", None) ends the worker. A slot's game is also
     closed when its episode ends, so a finished episode holds no memory."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process, which closes us
+    for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C and a scheduler's stop are for the main process,
+        signal.signal(signum, signal.SIG_IGN)       # which closes us at its next safe point
     envs: dict[int, Any] = {}
     while True:
-        command, items = conn.recv()
+        try:
+            command, items = conn.recv()
+        except EOFError:  # the main process is gone without closing us: nothing left to answer
+            break
         if command == "close":
             break
         if command == "end":

@@ -4,7 +4,7 @@ A transition is one real env step: what the player had seen (the goal, the episo
 observation, the last `history_length` (observation, action) pairs, the current observation), the
 action it played, and what the env answered (the next observation; whether the episode ended, and
 whether it was won). They come from expert demonstrations (`demo_transitions`) and from the
-student's own episodes (`trajectory_transitions`). A world model (turnopd.orchestration.world_model)
+student's own episodes (`trajectory_transitions`). A world model (turnopd.orchestration.world_model_training)
 learns to write the env's answer from the context, both as plain text:
 
     prompt  Goal: <goal>

@@ -166,3 +166,22 @@ def test_imports_go_down_the_layers():
               for module, targets in import_graph().items() for target in sorted(targets)
               if layer_of(target) > layer_of(module)]
     assert upward == []
+
+
+ONE_SCREEN = 60  # lines: the orchestration reads top to bottom, each function in one screen
+
+
+def long_functions(package: Path, limit: int = ONE_SCREEN) -> list[str]:
+    """Functions (methods included) of the package's modules longer than `limit` lines."""
+    return [f"{path.name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for path in sorted(package.rglob("*.py")) for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_long_functions_are_found(tmp_path):
+    (tmp_path / "m.py").write_text("def short():\n    pass\n\n\ndef long():\n" + "    x = 1\n" * 60)
+    assert [row.split(" ", 1)[1] for row in long_functions(tmp_path)] == ["long (61 lines)"]
+
+
+def test_every_orchestration_function_fits_one_screen():
+    assert long_functions(ROOT / "turnopd" / "orchestration") == []

@@ -70,7 +70,6 @@ def test_roc_curve_and_state_sampling_by_hand():
 
 AUDIT_RECIPE = """
 name: audit
-depth: {{h_max: 3}}
 """
 
 

@@ -53,8 +53,6 @@ def test_cosine_step_constant_alpha():
 def test_alpha_bad_inputs():
     with pytest.raises(ValueError, match="total_steps"):
         loss_alpha(1, 0)
-    with pytest.raises(ValueError, match="end > start"):
-        loss_alpha(1, 10, start=0.5, end=0.5)
     with pytest.raises(KeyError, match="unknown alpha schedule 'exp'; registered: constant, cosine, linear, step"):
         loss_alpha(1, 10, schedule="exp")
 
@@ -197,16 +195,16 @@ def test_cap_stays_within_bounds(h_min, extra, probes):
 
 def test_baseline_depth_modes():
     assert [FullDepth(50).cap_at(s) for s in (0, 10)] == [50, 50]
-    assert FixedDepth(7, 50).cap_at(123) == 7
+    assert FixedDepth(7).cap_at(123) == 7
     # TCOD-F2B: cap = min(1 + step // interval, h_max) with interval 5, h_max 4
     assert [CurriculumDepth(5, 4).cap_at(s) for s in (0, 4, 5, 10, 14, 15, 100)] == [1, 1, 2, 3, 3, 4, 4]
     assert FullDepth(50).probes_at(3, 8) == 0
     with pytest.raises(RuntimeError, match="takes no probes"):
         FullDepth(50).update([], [])
-    with pytest.raises(ValueError, match="fixed_cap"):
-        make_depth_schedule(DepthConfig(mode="fixed"))
+    assert make_depth_schedule(DepthConfig(mode="fixed", fixed_cap=7), horizon=50).cap_at(3) == 7
+    assert make_depth_schedule(DepthConfig(mode="full"), horizon=40).cap_at(3) == 40  # the env's horizon
     with pytest.raises(KeyError, match="unknown depth mode 'random'; registered: adaptive, curriculum, fixed, full"):
-        make_depth_schedule(DepthConfig(mode="random"))
+        make_depth_schedule(DepthConfig(mode="random"), horizon=50)
 
 
 def test_controller_state_round_trip():

@@ -24,7 +24,7 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 RECIPE = """
 name: choices
-depth: {{h_max: 3, warmup_steps: 1, probe_every: 1, min_successes: 1, fixed_cap: 2}}
+depth: {{warmup_steps: 1, probe_every: 1, min_successes: 1, fixed_cap: 2}}
 trainer: {{steps: 2, episodes_per_step: 2, lr: 1.0e-3}}
 eval: {{max_tasks: 1, at_start: false}}
 """
@@ -58,6 +58,15 @@ RUNS = [
     ("token", ["loss.mode=token"], {"loss mode": "token"}),
     ("sequence", ["loss.mode=sequence"], {"loss mode": "sequence"}),
     ("constant", ["loss.mode=constant", "loss.constant_k=8"], {"loss mode": "constant"}),
+    ("constant_token_mean", ["loss.mode=constant_token_mean", "loss.constant_k=10"], {"loss mode": "constant_token_mean"}),
+    # TCOD's batching: an update per 2 turn rows, so each step takes several, k1_decoupled's pi_prox from
+    # the forward before the first
+    ("turn_row_mean-k1_decoupled-rows", ["loss.mode=turn_row_mean", "objective.estimator=k1_decoupled",
+                                         "objective.clip_eps=0.2", "objective.dual_clip=3",
+                                         "objective.behave_weight_cap=5", "trainer.turn_rows_per_update=2"],
+     {"loss mode": "turn_row_mean", "estimator": "k1_decoupled"}),
+    ("pool-k1_proximal", ["pipeline.mode=pool", "pipeline.max_staleness=2", "objective.estimator=k1_proximal"],
+     {"estimator": "k1_proximal"}),
     # not a registry: continuous probes, half of each step's episodes, the H_eff-only coverage fallback
     ("continuous-probes", ["depth.probe_fraction=0.5", "depth.coverage_fallback=h_eff"], {}),
 ]
@@ -67,15 +76,15 @@ RUNS = [
 REFUSED = [
     (("estimator", "nll"), ["objective.estimator=nll"], None,
      "recipe key 'objective.estimator': 'nll' ignores the teacher (supervised fine-tuning on the batch's own "
-     "tokens, what `turnopd sft` trains with); distillation needs one of full, k1, k3, topk"),
+     "tokens, what `turnopd sft` trains with); distillation needs one of full, k1, k1_decoupled, k1_proximal, k3, topk"),
     (None, ["loss.mode=constant"], None, "recipe key 'loss.constant_k': None; loss.mode=constant needs constant_k > 0"),
     (None, ["pipeline.mode=pool"], None, "recipe key 'objective.clip_eps': None; pipeline.mode=pool trains on tokens "
                                    "sampled by older weights, so the k1 importance ratio needs a clip (e.g. 0.2)"),
     (None, ["objective.kind=forward"], None, "recipe key 'objective.kind': 'forward' is not allowed with estimator k1; "
                                        "allowed: reverse (topk and full take reverse, forward or jsd)"),
     (None, ["objective.estimator=k3", "objective.clip_eps=0.2"], None,
-     "recipe key 'objective.clip_eps': 0.2; it clips the importance ratio of an estimator that has one (k1), "
-     "and k3 has none"),
+     "recipe key 'objective.clip_eps': 0.2; it clips the importance ratio of an estimator that has one (k1, "
+     "k1_decoupled), and k3 has none"),
     (None, ["objective.estimator=full"], "vllm_server",
      "recipe key 'objective.estimator': 'full' with teacher spec {spec}: full needs the teacher's model in the "
      "training process, which the vllm_server backend does not give; use backend transformers, or estimator k1, "

@@ -24,27 +24,40 @@ def recipes(tmp_path):
 
 
 def test_defaults_compose_in_order_then_overrides(recipes):
-    cfg = load_recipe(recipes / "grandchild.yaml", ["depth.h_max=30", "seed=3"])
+    cfg = load_recipe(recipes / "grandchild.yaml", ["env.max_turns=30", "seed=3"])
     assert cfg.name == "child"  # from child, over base
     assert cfg.loss.mode == "turn"
     assert cfg.trainer.steps == 7 and cfg.trainer.lr == 1e-5  # grandchild over base, base kept
-    assert cfg.depth.h_max == 30 and cfg.seed == 3
+    assert cfg.env.max_turns == 30 and cfg.seed == 3
     assert cfg.depth.ema == 0.3 and cfg.depth.h_min == 2  # paper defaults
 
 
 @pytest.mark.parametrize("override, message", [
     (["trainer.stepz=3"], "recipe key 'trainer.stepz'"),
     (["trainer.steps=abc"], "recipe key 'trainer.steps'"),
-    (["loss.mode=tokenwise"], "recipe key 'loss.mode': 'tokenwise' is not allowed; allowed: constant, progressive, "
-                              "sequence, token, token_mean, trajectory, turn"),
-    (["objective.estimator=k2"], "allowed: full, k1, k3, nll, topk"),
+    (["loss.mode=tokenwise"], "recipe key 'loss.mode': 'tokenwise' is not allowed; allowed: constant, "
+                              "constant_token_mean, progressive, sequence, token, token_mean, trajectory, turn, "
+                              "turn_row_mean"),
+    (["objective.estimator=k2"], "allowed: full, k1, k1_decoupled, k1_proximal, k3, nll, topk"),
     (["student.prepare=tinyy"], "recipe key 'student.prepare': 'tinyy' is not allowed; allowed: sft, smollm2-135m, tiny"),
     (["policy.backend=sglang"], "recipe key 'policy.backend': 'sglang' is not allowed; allowed: transformers, vllm"),
     (["pipeline.mode=async"], "recipe key 'pipeline.mode': 'async' is not allowed; allowed: one_step_off, pool, sync"),
     (["depth.ema=1.5"], "recipe key 'depth.ema': 1.5 is out of range [0.0, 1.0]"),
     (["env.name=minecraft"], "recipe key 'env.name': 'minecraft' is not allowed; allowed: alfworld"),
-    (["depth.mode=fixed"], "depth.mode=fixed needs 1 <= fixed_cap <= h_max=50"),
-    (["depth.h_max=60"], "'depth.h_max'=60 exceeds 'env.max_turns'=50"),
+    (["depth.mode=fixed"], "depth.mode=fixed needs 1 <= fixed_cap <= env.max_turns=50"),
+    (["depth.mode=fixed", "depth.fixed_cap=51"], "depth.mode=fixed needs 1 <= fixed_cap <= env.max_turns=50"),
+    (["depth.h_max=60"], "recipe key 'depth.h_max': removed; the horizon is one setting, env.max_turns"),
+    (["depth.h_min=51"], "'depth.h_min'=51 exceeds the horizon 'env.max_turns'=50"),
+    (["depth.ema=0"], "'depth.ema': 0 would never move the cap"),
+    (["depth.coverage_fallback=last"], "recipe key 'depth.coverage_fallback': 'last' is not allowed; allowed: "
+                                       "previous, h_max, h_eff"),
+    (["loss.alpha_start=0.5", "loss.alpha_end=0.5"], "need alpha_end > alpha_start"),
+    (["trainer.budget.unit=gpu_hours", "trainer.budget.amount=1"], "recipe key 'trainer.budget.unit': 'gpu_hours' is "
+                                                                  "not allowed; allowed: train_time_s, env_steps, "
+                                                                  "tokens_generated, tokens_trained"),
+    (["trainer.budget.unit=env_steps"], "recipe key 'trainer.budget.amount': 0.0; a budget of env_steps needs an "
+                                        "amount > 0"),
+    (["trainer.budget.amount=-5"], "recipe key 'trainer.budget.amount': -5.0"),
     (["env.step_latency_s=-1"], "recipe key 'env.step_latency_s': -1.0 is out of range [0.0, inf]"),
     (["env.step_latency_s=60"], "'env.step_latency_s'=60.0 must be below 'env.step_timeout_s'=60.0"),
     (["world_model.path=/wm", "pipeline.mode=pool"], "'world_model.path' with pipeline.mode=pool: world-model "
@@ -55,7 +68,7 @@ def test_defaults_compose_in_order_then_overrides(recipes):
     (["world_model.verdict=final"], "recipe key 'world_model.verdict': 'final' is not allowed; allowed: last_turn, "
                                     "replay"),
     (["loss.mode=constant"], "loss.mode=constant needs constant_k > 0"),
-    (["env.name=webshop", "depth.h_max=15", "env.max_turns=15"], "no teacher for env 'webshop'"),
+    (["env.name=webshop", "env.max_turns=15"], "no teacher for env 'webshop'"),
     (["trainer.steps"], "overrides must be key=value"),
 ])
 def test_bad_values_name_the_key(recipes, override, message):
@@ -85,3 +98,10 @@ def test_cli_show_and_errors(recipes, capsys):
     assert "name: child" in out and "steps: 5" in out and "mode: turn" in out
     assert main(["show", str(recipes / "child.yaml"), "loss.mode=bad"]) == 2
     assert "recipe key 'loss.mode': 'bad' is not allowed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("unit", ["train_time_s", "env_steps", "tokens_generated", "tokens_trained"])
+def test_a_training_budget_in_each_unit_validates(recipes, unit):
+    cfg = load_recipe(recipes / "base.yaml", [f"trainer.budget.unit={unit}", "trainer.budget.amount=1500"])
+    assert (cfg.trainer.budget.unit, cfg.trainer.budget.amount) == (unit, 1500.0)
+    assert load_recipe(recipes / "base.yaml").trainer.budget is None  # by default: all trainer.steps

@@ -25,7 +25,7 @@ from turnopd.orchestration.recipe import load_recipe
 
 RECIPE = """
 name: loop
-depth: {{h_max: 3, warmup_steps: 1, probe_every: 2, num_probes: 2, min_successes: 1}}
+depth: {{warmup_steps: 1, probe_every: 2, num_probes: 2, min_successes: 1}}
 trainer: {{steps: 4, episodes_per_step: 2, lr: 1.0e-3}}
 eval: {{max_tasks: 1}}
 checkpoint: {{every: 1, keep_last: 5}}
@@ -171,6 +171,80 @@ def test_run_records_then_kill_and_resume_continue_exactly(models, uninterrupted
     assert train_c[3]["loss"] == pytest.approx(train[3]["loss"], rel=1e-5, abs=1e-7)
 
 
+def _wait_for_step(run: subprocess.Popen, run_dir: Path, step: int) -> None:
+    """Until the train record of `step` is written (the next step is under way); the run must still run."""
+    deadline = time.time() + 900
+    while not ((run_dir / "metrics.jsonl").exists() and step in [r["step"] for r in _train_records(run_dir)]):
+        assert run.poll() is None and time.time() < deadline, f"run ended before step {step}"
+        time.sleep(0.05)
+
+
+def _stopped_step(out: str, signame: str, command: str, run_dir: Path) -> int:
+    """The step the run's one stop line names; the line names the checkpoint of that step and the
+    exact command that continues the run."""
+    [line] = [line for line in out.splitlines() if line.startswith(f"stopped by {signame} after step ")]
+    step = int(line.split(" after step ")[1].split(" ")[0])
+    assert line == (f"stopped by {signame} after step {step} of 4; checkpoint {run_dir}/checkpoints/step_{step:06d}; "
+                    f"continue with `{command} --resume {run_dir}`")
+    return step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, to_group", [(signal.SIGINT, True), (signal.SIGTERM, False)])
+def test_a_stop_signal_ends_the_run_at_a_step_boundary_with_a_checkpoint_and_resume_loses_nothing(
+        models, uninterrupted, signum, to_group):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) and a scheduler's SIGTERM (to
+    the run's process): the step under way ends, a checkpoint of it is written (checkpoint.every 0:
+    there is no other), one line names it and the resume command, no traceback from the run or its
+    env workers, the conventional exit code; resuming ends with the uninterrupted run's losses."""
+    name = f"stopped-{signal.Signals(signum).name}"
+    run_dir = models / "runs" / name
+    run = _distill(models, f"name={name}", "checkpoint.every=0", start_new_session=True)
+    _wait_for_step(run, run_dir, 1)
+    (os.killpg if to_group else os.kill)(run.pid, signum)
+    out, _ = run.communicate(timeout=900)
+    assert run.returncode == 128 + signum, out
+    command = f"turnopd distill {models / 'recipe.yaml'} name={name} checkpoint.every=0"
+    step = _stopped_step(out, signal.Signals(signum).name, command, run_dir)
+    assert 1 <= step < 4 and _checkpoints(run_dir) == [f"step_{step:06d}"]
+    assert "Traceback" not in out and "EOFError" not in out
+    assert [r["step"] for r in _train_records(run_dir)] == list(range(1, step + 1))
+
+    resumed = _distill(models, f"name={name}", "checkpoint.every=0", "--resume", str(run_dir))
+    out_resumed, _ = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, out_resumed
+    _assert_same_steps(run_dir, _train_records(uninterrupted[0]))
+
+
+@pytest.mark.slow
+def test_a_training_budget_ends_the_run_at_the_step_that_reaches_it(models, uninterrupted):
+    """trainer.budget in env steps: the run trains the uninterrupted run's first steps (the same
+    losses) up to the step whose cumulative env steps reach the budget, says so in a record, then
+    evaluates and checkpoints as at a last step; resuming it trains nothing more."""
+    reference = _train_records(uninterrupted[0])
+    budget = reference[0]["env_steps"] + 1  # more than step 1 plays, so step 2 is the one that reaches it
+    cumulative = [sum(r["env_steps"] for r in reference[:k]) for k in range(1, 5)]
+    last = next(k for k, spent in enumerate(cumulative, 1) if spent >= budget)
+    assert last == 2
+    run_dir = models / "runs" / "budget"
+    args = ("name=budget", "trainer.budget.unit=env_steps", f"trainer.budget.amount={budget}")
+    run = _distill(models, *args)
+    out, _ = run.communicate(timeout=900)
+    assert run.returncode == 0, out
+    assert f"training budget reached at step {last}: {cumulative[last - 1]} of {budget} env_steps" in out
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["kind"] for r in records] == ["start", "eval", "train", "train", "budget_reached", "eval"]
+    assert records[4] == {"kind": "budget_reached", "step": last, "unit": "env_steps", "amount": budget,
+                          "spent": cumulative[last - 1]}
+    assert records[-1]["step"] == last  # the final evaluation, at the last step trained
+    _assert_same_steps(run_dir, reference[:last])
+    assert list_checkpoints(run_dir)[-1].name == f"step_{last:06d}"
+    again = _distill(models, *args, "--resume", str(run_dir))
+    out_again, _ = again.communicate(timeout=900)
+    assert again.returncode == 0, out_again
+    assert [r["step"] for r in _train_records(run_dir)] == [1, 2]  # nothing left to train
+
+
 def _checkpoints(run_dir: Path) -> list[str]:
     """Every folder under checkpoints/, hidden ones (a write or delete cut short) included."""
     return sorted(p.name for p in (run_dir / "checkpoints").iterdir())
@@ -289,6 +363,25 @@ def test_data_parallel_under_torchrun(models):
     evals = [r for r in records if r["kind"] == "eval"]
     assert [(r["step"], r["num_tasks"]) for r in evals] == [(0, 1), (4, 1)]
     assert sorted(p.name for p in (models / "runs" / "dp" / "checkpoints").iterdir()) == ["step_000002", "step_000004"]
+
+    # SIGTERM to torchrun, which passes it to both ranks: they stop at the same step boundary (the
+    # checkpoint every 2 steps, or the one written on stop), and resuming gives the uninterrupted losses
+    stopped_dir = models / "runs" / "dp-stopped"
+    stopped = subprocess.Popen(_torchrun(["--nproc-per-node", "2"], models, "dp-stopped"), env=_child_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait_for_step(stopped, stopped_dir, 1)
+    stopped.send_signal(signal.SIGTERM)
+    out_stopped, _ = stopped.communicate(timeout=900)
+    command = f"turnopd distill {models / 'recipe.yaml'} name=dp-stopped checkpoint.every=2"
+    [line] = [line for line in out_stopped.splitlines() if line.startswith("stopped by SIGTERM")]
+    step = int(line.split(" after step ")[1].split(" ")[0])
+    assert line.endswith(f"continue with `{command} --resume {stopped_dir}` (under the same torchrun launch)")
+    assert [r["step"] for r in _train_records(stopped_dir)] == list(range(1, step + 1))  # one record per step
+    assert _checkpoints(stopped_dir)[-1] == f"step_{step:06d}"
+    resumed = subprocess.run([*_torchrun(["--nproc-per-node", "2"], models, "dp-stopped"), "--resume", str(stopped_dir)],
+                             env=_child_env(), capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    _assert_same_steps(stopped_dir, train)
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -272,7 +272,7 @@ def test_recipes_refuse_a_control_without_threshold_and_unknown_names(tmp_path, 
 
 LOOP = """
 name: fam
-depth: {{h_max: 3, warmup_steps: 1, probe_every: 2, num_probes: 2, min_successes: 1}}
+depth: {{warmup_steps: 1, probe_every: 2, num_probes: 2, min_successes: 1}}
 trainer: {{steps: 2, episodes_per_step: 2, lr: 1.0e-3}}
 eval: {{max_tasks: 1, at_start: false}}
 """

@@ -327,11 +327,11 @@ def test_turn_kl_bands_average_the_profiles_per_band_of_turns(tmp_path: Path):
     # [0, 2): (0.1 + 0.3 + 0.5 + 0.7) / 4 = 0.4; [2, 4): (0.2 + 0.4) / 2 = 0.3; [4, 6): 0.9
     run_dir = write_run(tmp_path, "r", method="turnopd", total_steps=2, train=[(1, 1.0), (2, 2.0)], evals=[])
     run = load_run(run_dir)
-    run.train[0]["turn_kl_profile"] = [0.1, 0.3, 0.2, 0.4, 0.9]
-    run.train[1]["turn_kl_profile"] = [0.5, 0.7]
+    run.train[0].turn_kl_profile = [0.1, 0.3, 0.2, 0.4, 0.9]
+    run.train[1].turn_kl_profile = [0.5, 0.7]
     assert turn_kl_bands([run], 2) == pytest.approx([0.4, 0.3, 0.9])
     assert turn_kl_bands([run], 10) == pytest.approx([(0.1 + 0.3 + 0.2 + 0.4 + 0.9 + 0.5 + 0.7) / 7])
-    run.train[1]["turn_kl_profile"] = None  # a record without a profile (an older run) counts for nothing
+    run.train[1].turn_kl_profile = None  # a record without a profile (an older run) counts for nothing
     assert turn_kl_bands([run], 2) == pytest.approx([0.2, 0.3, 0.9])
 
 
@@ -340,8 +340,8 @@ def test_familiarity_signal_bands_and_their_table(tmp_path: Path):
     run_dir = write_run(tmp_path, "r", method="turnopd", total_steps=2, train=[(1, 1.0), (2, 2.0)], evals=[],
                         familiarity_kept_share=0.75)
     run = load_run(run_dir)
-    run.train[0]["turn_signal_profiles"] = {"context_logprob": [-1.0, -2.0, -3.0], "action_entropy": [0.5]}
-    run.train[1]["turn_signal_profiles"] = {"context_logprob": [-4.0]}
+    run.train[0].turn_signal_profiles = {"context_logprob": [-1.0, -2.0, -3.0], "action_entropy": [0.5]}
+    run.train[1].turn_signal_profiles = {"context_logprob": [-4.0]}
     assert turn_kl_bands([run], 2, "context_logprob") == pytest.approx([-2.0 - 1 / 3, -3.0])
     row = compare([run]).rows[0]
     assert row.turn_signal_bands == {"action_entropy": [0.5], "context_logprob": [pytest.approx(-2.5)]}
@@ -398,7 +398,7 @@ def test_frontier_command_prints_markdown_and_writes_the_png(cadence_runs, tmp_p
     out = tmp_path / "plots" / "f.png"
     assert main(["frontier", *map(str, cadence_runs), "--md", "--out", str(out), "--baseline", "a"]) == 0
     text = capsys.readouterr().out
-    accuracy, work, cost, turn_kl = markdown_tables(text)
+    accuracy, work, by_seed, cost, turn_kl = markdown_tables(text)
     # final, the difference from the baseline (no per-task scores in the fixture: none), Same-Step
     # (step 17), Least-Time (68 s) in %, from the cadence_runs fixture; B is in progress
     assert accuracy["a"][5:9] == ["70.0", "–", "30.0", "10.0"]
@@ -408,6 +408,7 @@ def test_frontier_command_prints_markdown_and_writes_the_png(cadence_runs, tmp_p
     assert accuracy["a"][9:] == ["5.0 min", "1.00x", "1.00x"]
     assert accuracy["b"][9:] == ["not reached", "not reached", "not reached"]
     assert set(work) == set(cost) == {"a", "b"}
+    assert set(by_seed) == {"b"}  # against the baseline a, paired by seed
     assert set(turn_kl) == {"a", "b"}  # the fixture's records carry no per-turn KL
     assert "step-wise interpolation" in text
     assert out.read_bytes().startswith(PNG_MAGIC) and out.stat().st_size > 10_000
@@ -430,3 +431,87 @@ def test_frontier_by_step_on_runs_in_progress(tmp_path: Path, capsys):
 def test_frontier_command_reports_a_missing_run(tmp_path: Path, capsys):
     assert main(["frontier", str(tmp_path / "nope")]) == 2
     assert f"run folder {tmp_path / 'nope'} has no metrics.jsonl" in capsys.readouterr().err
+
+
+# ---- over seeds: t intervals, equal budgets, non-inferiority, order ----------------------------------
+
+
+def test_t_interval_detectable_effect_and_verdicts_by_hand():
+    from turnopd.analysis.frontier import Interval, detectable_effect, non_inferiority, t_interval
+
+    # values .1 and .3: mean .2, s = .1 * sqrt(2) = .141421, n 2, t(0.975, 1) = 12.706:
+    # half-width 12.706 * .141421 / sqrt(2) = 1.2706
+    interval = t_interval([0.1, 0.3])
+    assert (interval.value, interval.lo, interval.hi) == pytest.approx((0.2, 0.2 - 1.2706, 0.2 + 1.2706))
+    assert t_interval([0.5]) is None
+    # (t(0.975, 1) + t(0.80, 1)) s / sqrt(n) = (12.706 + 1.376) * .1 = 1.4082
+    assert detectable_effect([0.1, 0.3]) == pytest.approx(1.4082)
+    assert non_inferiority(Interval(0.01, -0.02, 0.04), margin=0.05) == "non-inferior"
+    assert non_inferiority(Interval(-0.1, -0.2, -0.06), margin=0.05) == "inferior"
+    assert non_inferiority(Interval(-0.03, -0.08, 0.02), margin=0.05) == "inconclusive"
+
+
+def _seed_pair_runs(tmp_path: Path) -> list:
+    """vanilla: 4 steps of 10 s and 6 env steps; turnopd seed 0: 8 s and 8 env steps a step, seed 1:
+    10 s and 8 env steps; evaluations at steps 0, 2, 4."""
+    runs = []
+    for method, seed, seconds, env_steps, accuracies in (
+            ("vanilla_opd", 0, 10.0, 6, (0.3, 0.5)), ("vanilla_opd", 1, 10.0, 6, (0.4, 0.4)),
+            ("turnopd", 0, 8.0, 8, (0.45, 0.55)), ("turnopd", 1, 10.0, 8, (0.35, 0.5))):
+        runs.append(load_run(write_run(
+            tmp_path, f"{method}-s{seed}", method=method, seed=seed, total_steps=4,
+            train=[(s, s * seconds) for s in range(1, 5)], env_steps=env_steps,
+            evals=[(0, 0.0, 0.2), (2, 2 * seconds, accuracies[0]), (4, 4 * seconds, accuracies[1])])))
+    return runs
+
+
+def test_a_group_against_the_baseline_paired_by_seed_by_hand(tmp_path):
+    cmp = compare(_seed_pair_runs(tmp_path), margin=0.5)
+    s = next(row for row in cmp.rows if row.group.method == "turnopd").by_seed
+    assert s.seeds == [0, 1]
+    # final differences .55 - .5 = .05 and .5 - .4 = .10: mean .075, s = .035355, half 12.706 s / sqrt 2 = .31765
+    assert (s.difference.value, s.difference.lo, s.difference.hi) == pytest.approx((0.075, -0.24265, 0.39265), abs=1e-4)
+    assert s.detectable == pytest.approx((12.706 + 1.376) * 0.035355 / math.sqrt(2), abs=1e-4)
+    assert s.verdict == "non-inferior"  # -.24265 > -.5
+    # clock: the baseline's 40 s over 32 s and 40 s; env steps 24 over 32 in both seeds
+    assert s.clock_ratio == pytest.approx([1.25, 1.0])
+    assert s.work_ratio["env_steps"].value == pytest.approx(0.75)
+    # at the baseline's clock (40 s) both seeds' last evaluations count: the final differences again;
+    # at the baseline's 24 env steps only step 2 (16 env steps) counts: .45 - .5 and .35 - .4
+    assert s.equal_clock.value == pytest.approx(0.075)
+    assert (s.equal_work.value, s.equal_work.lo, s.equal_work.hi) == pytest.approx((-0.05, -0.05, -0.05))
+    assert compare(_seed_pair_runs(tmp_path / "b"), margin=0.1).rows[1].by_seed.verdict == "inconclusive"
+
+
+def test_the_order_of_the_run_folders_does_not_change_the_intervals(tmp_path):
+    runs = _seed_pair_runs(tmp_path)
+    for run in runs:  # per-task scores, so that the bootstrap intervals exist
+        for e in run.evals:
+            e.per_task.update({f"t{i}": float((i + e.step + run.seed) % 3 == 0) for i in range(6)})
+    forward, backward = compare(runs, baseline="vanilla_opd"), compare(runs[::-1], baseline="vanilla_opd")
+    by_label = {row.group.label: row for row in backward.rows}
+    for row in forward.rows:
+        other = by_label[row.group.label]
+        assert (row.final_interval, row.difference, row.speedup_interval) == (
+            other.final_interval, other.difference, other.speedup_interval)
+    assert forward.rows[1].final_interval is not None and forward.rows[1].difference is not None
+
+
+def test_frontier_prints_the_paired_table_and_the_verdict(tmp_path, capsys):
+    runs = _seed_pair_runs(tmp_path)
+    assert main(["frontier", *(str(run.path) for run in runs), "--md", "--margin", "50",
+                 "--out", str(tmp_path / "f.png")]) == 0
+    out = capsys.readouterr().out
+    assert "non-inferior at 50 points?" in out
+    [row] = [line for line in out.splitlines() if line.startswith("| turnopd |") and "non-inferior" in line]
+    assert "+7.5 [-24.3, 39.3]" in row and "1.25 1.00" in row and "non-inferior" in row
+
+
+def test_a_run_its_training_budget_ended_is_complete_at_that_step(tmp_path):
+    run_dir = write_run(tmp_path, "budgeted", method="vanilla_opd", total_steps=10, train=[(1, 1.0), (2, 2.0)],
+                        evals=[(0, 0.0, 0.1), (2, 2.0, 0.3)])
+    assert not load_run(run_dir).complete  # 2 of 10 steps
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"kind": "budget_reached", "step": 2, "unit": "env_steps", "amount": 5, "spent": 6}) + "\n")
+    run = load_run(run_dir)
+    assert run.budget_step == 2 and run.complete

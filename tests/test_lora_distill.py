@@ -72,7 +72,7 @@ teachers: {{alfworld: {root}/teacher.yaml}}
 env: {{name: alfworld, max_turns: 2, answer_format: action, history_length: 1, num_workers: 1, max_tasks: 2,
        eval_split: valid_seen}}
 policy: {{max_new_tokens: 8}}
-depth: {{mode: fixed, fixed_cap: 2, h_max: 2}}
+depth: {{mode: fixed, fixed_cap: 2}}
 trainer: {{steps: 2, episodes_per_step: 1, lr: 1.0e-3}}
 eval: {{at_start: false, max_tasks: 1}}
 tracking: []

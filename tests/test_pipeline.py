@@ -36,7 +36,7 @@ from turnopd.orchestration.recipe import load_recipe
 RECIPE = """
 name: pipe
 objective: {{clip_eps: 0.2}}
-depth: {{h_max: 3, warmup_steps: 1, probe_every: 2, num_probes: 2, min_successes: 1}}
+depth: {{warmup_steps: 1, probe_every: 2, num_probes: 2, min_successes: 1}}
 trainer: {{steps: 4, episodes_per_step: 2, lr: 1.0e-3}}
 eval: {{max_tasks: 1, at_start: false}}
 checkpoint: {{every: 1, keep_last: 5}}
@@ -126,16 +126,16 @@ def recipe(tmp_path) -> Path:
 def test_episodes_of_steps_and_waves(recipe):
     cfg = load_recipe(recipe, ["pipeline.mode=pool", "pipeline.wave_episodes=3"])
     tasks = [f"t{i}" for i in range(20)]
-    step = step_episodes(cfg, tasks, BatchPlan(5, cap=2, episodes=2))
+    step = step_episodes(cfg, tasks, BatchPlan(5, turn_limits=(2, 2)))
     assert step.tasks == sample_tasks(tasks, 2, cfg.seed, 5, salt=0)  # what the sync loop draws
     assert step.sampling.seed == cfg.seed * 1_000_003 + 5
-    probes = step_episodes(cfg, tasks, BatchPlan(5, cap=3, episodes=2, probes=2))
+    probes = step_episodes(cfg, tasks, BatchPlan(5, turn_limits=(3, 3), probes=2))
     assert probes.probe and probes.tasks == sample_tasks(tasks, 2, cfg.seed, 5, salt=1)
-    waves = [wave_episodes(cfg, tasks, start_step=0, wave=w) for w in range(4)]
-    assert all(len(w.tasks) == 3 and not w.probe for w in waves)
-    assert waves[1] == wave_episodes(cfg, tasks, start_step=0, wave=1)  # a pure function
+    waves = [wave_episodes(cfg, tasks, start_step=0, wave=w, cap=2) for w in range(4)]
+    assert all(len(w.tasks) == 3 and w.turn_limits == (2, 2, 2) and not w.probe for w in waves)
+    assert waves[1] == wave_episodes(cfg, tasks, start_step=0, wave=1, cap=2)  # a pure function
     assert len({w.sampling.seed for w in waves}) == 4
-    resumed = wave_episodes(cfg, tasks, start_step=2, wave=1)  # a resumed run draws other waves
+    resumed = wave_episodes(cfg, tasks, start_step=2, wave=1, cap=2)  # a resumed run draws other waves
     assert (resumed.tasks, resumed.sampling.seed) != (waves[1].tasks, waves[1].sampling.seed)
 
 
@@ -196,8 +196,8 @@ def _reference_sync_losses(cfg) -> list[tuple[float, int, int]]:
     from turnopd.algorithm.budget import loss_alpha, make_depth_schedule
     from turnopd.core.types import build_token_batch
     from turnopd.engines.hf_models import load_student
-    from turnopd.orchestration.distill import seed_everything
     from turnopd.orchestration.preflight import check_setup
+    from turnopd.orchestration.startup import seed_everything
     from turnopd.rollout import SamplingParams, make_policy
     from turnopd.rollout.engine import rollout
     from turnopd.trainer import Trainer
@@ -209,7 +209,7 @@ def _reference_sync_losses(cfg) -> list[tuple[float, int, int]]:
     trainer = Trainer(student, cfg.trainer, cfg.objective, cfg.loss, cfg.trainer.steps)
     policy = make_policy(cfg.policy, trainer.module, tokenizer=tokenizer, seed=cfg.seed)
     d = cfg.depth
-    depth = make_depth_schedule(d)
+    depth = make_depth_schedule(d, cfg.env.max_turns)
     out = []
     with EnvPool(setup.spec, cfg.env.num_workers, cfg.env.step_timeout_s) as pool:
         for step in range(cfg.trainer.steps):
@@ -223,8 +223,8 @@ def _reference_sync_losses(cfg) -> list[tuple[float, int, int]]:
             sampling = SamplingParams(temperature=p.temperature, top_p=p.top_p, max_new_tokens=p.max_new_tokens,
                                       stop=tuple(p.stop), seed=cfg.seed * 1_000_003 + step)
             cap = cfg.env.max_turns if probe else depth.cap_at(step)
-            trajectories = rollout(setup.spec, pool, policy, tasks, env_config=cfg.env, sampling=sampling, cap=cap,
-                                   probes=probes)
+            trajectories = rollout(setup.spec, pool, policy, tasks, env_config=cfg.env, sampling=sampling,
+                                   turn_limits=[cap] * n, probes=probes)
             score_trajectories(teachers, trajectories)
             alpha = loss_alpha(step, cfg.trainer.steps, cfg.loss.alpha_start, cfg.loss.alpha_end, cfg.loss.alpha_schedule)
             result = trainer.step(build_token_batch(trajectories), alpha)
@@ -293,10 +293,10 @@ def test_a_stale_batch_trains_with_the_log_probs_stored_when_it_was_sampled(mode
     from turnopd.core.types import build_token_batch
 
     try:
-        first = rollouts.take(BatchPlan(0, cap=3, episodes=2))
-        rollouts.prepare(BatchPlan(1, cap=3, episodes=2))  # generated with version 0 while step 0 trains
+        first = rollouts.take(BatchPlan(0, turn_limits=(3, 3)))
+        rollouts.prepare(BatchPlan(1, turn_limits=(3, 3)))  # generated with version 0 while step 0 trains
         trainer.step(build_token_batch(first), alpha=0.0)
-        stale = rollouts.take(BatchPlan(1, cap=3, episodes=2))
+        stale = rollouts.take(BatchPlan(1, turn_limits=(3, 3)))
     finally:
         rollouts.close()
     assert stale and all(t.weight_version == 0 for t in stale)
@@ -329,13 +329,13 @@ def test_a_lora_student_generator_samples_with_the_published_adapter(models):
 
     assert rollouts.weights.tensors and all("lora_" in name for name in rollouts.weights.tensors)
     try:
-        first = rollouts.take(BatchPlan(0, cap=3, episodes=2))
-        rollouts.prepare(BatchPlan(1, cap=3, episodes=2))
+        first = rollouts.take(BatchPlan(0, turn_limits=(3, 3)))
+        rollouts.prepare(BatchPlan(1, turn_limits=(3, 3)))
         trainer.step(build_token_batch(first), alpha=0.0)
         rollouts.publish(trainer.module, version=1)
-        rollouts.take(BatchPlan(1, cap=3, episodes=2))  # sampled with version 0 (one step off)
-        rollouts.prepare(BatchPlan(2, cap=3, episodes=2))
-        fresh = rollouts.take(BatchPlan(2, cap=3, episodes=2))
+        rollouts.take(BatchPlan(1, turn_limits=(3, 3)))  # sampled with version 0 (one step off)
+        rollouts.prepare(BatchPlan(2, turn_limits=(3, 3)))
+        fresh = rollouts.take(BatchPlan(2, turn_limits=(3, 3)))
     finally:
         rollouts.close()
     assert fresh and all(t.weight_version == 1 for t in fresh)
@@ -367,12 +367,12 @@ def test_a_killed_generator_is_restarted_then_ends_the_run_with_a_clear_error(mo
                                           "pipeline.max_generator_restarts=1")
     trained = []
     try:
-        trained += rollouts.take(BatchPlan(0, cap=3, episodes=2))
+        trained += rollouts.take(BatchPlan(0, turn_limits=(3, 3)))
         first_pid = rollouts.generator_pid
         rollouts.weights.lock.acquire()  # as if it were killed while copying weights: the lock stays taken
         os.kill(first_pid, signal.SIGKILL)  # while it plays the waves requested ahead
         rollouts.publish(trainer.module, version=1)  # does not wait on that lock forever
-        trained += rollouts.take(BatchPlan(1, cap=3, episodes=2))
+        trained += rollouts.take(BatchPlan(1, turn_limits=(3, 3)))
         assert rollouts.generator_pid != first_pid and rollouts.stats().generator_restarts == 1
         assert re.search(r"the generator process died \(killed by signal SIGKILL\); restarting it \(1 of 1\) and "
                          r"sending its [12] unanswered requests again", capsys.readouterr().err)
@@ -383,7 +383,7 @@ def test_a_killed_generator_is_restarted_then_ends_the_run_with_a_clear_error(mo
         with pytest.raises(GeneratorError, match=r"the generator process died \(killed by signal SIGKILL\); it was "
                                                  r"restarted 1 times already \(pipeline.max_generator_restarts=1\)"):
             rollouts.publish(trainer.module, version=2)
-            rollouts.take(BatchPlan(2, cap=3, episodes=2))
+            rollouts.take(BatchPlan(2, turn_limits=(3, 3)))
     finally:
         rollouts.close()
 
@@ -403,7 +403,7 @@ def test_the_generator_process_reports_its_teacher_replicas(models, tmp_path, ti
         "max_length: 1024\noptions: {batch_size: 1, timeout_s: 20.0, backoff_s: 30.0}\n")
     _, trainer, _, rollouts = _rollouts(models, "pipeline.mode=one_step_off", f"teachers.alfworld={tmp_path}/teacher.yaml")
     try:
-        rollouts.take(BatchPlan(0, cap=3, episodes=2))
+        rollouts.take(BatchPlan(0, turn_limits=(3, 3)))
         stats = rollouts.take_replica_stats()["served"]
         assert [stats[s.url]["requests"] for s in servers] == [s.requests for s in servers]
         assert sum(s.requests for s in servers) >= 2 and all(stats[s.url]["failures"] == 0 for s in servers)
@@ -412,7 +412,7 @@ def test_the_generator_process_reports_its_teacher_replicas(models, tmp_path, ti
         before = [s.requests for s in servers]
         servers[0].mode = "http500"  # down at its first failure, not tried again within the 30 s back-off
         rollouts.publish(trainer.module, version=1)
-        rollouts.take(BatchPlan(1, cap=3, episodes=2))
+        rollouts.take(BatchPlan(1, turn_limits=(3, 3)))
         stats = rollouts.take_replica_stats()["served"]
         assert stats[servers[0].url] == {"requests": 1, "failures": 1, "up": False, "mean_latency_s": 0.0}
         assert servers[0].requests - before[0] == 1
@@ -431,7 +431,7 @@ def test_a_generator_that_raises_ends_the_run_with_its_traceback(models, tmp_pat
     _, _, _, rollouts = _rollouts(models, "pipeline.mode=one_step_off", f"teachers.alfworld={tmp_path}/teacher.yaml")
     try:
         with pytest.raises(GeneratorError, match=r"(?s)the generator process failed:.*no-such-model"):
-            rollouts.take(BatchPlan(0, cap=3, episodes=2))
+            rollouts.take(BatchPlan(0, turn_limits=(3, 3)))
     finally:
         rollouts.close()
 

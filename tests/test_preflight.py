@@ -83,15 +83,15 @@ output_dir: {root}/runs
 student: {{path: {student}}}
 teachers: {{search: {root}/teacher.yaml}}
 env: {{name: search, eval_split: test, max_turns: 4, max_tasks: 4}}
-depth: {{h_max: 4}}
 eval: {{max_tasks: 2}}
 """
 
 SPEC = "name: t8b\nmodel: {model}\nbackend: vllm_server\nurl: {url}\nmax_length: 4096\n"
 
 
-def _dry_run(tmp_path, student="Qwen/Qwen3-1.7B", model="Qwen/Qwen3-8B", url="http://10.0.0.5:8000", overrides=()):
-    (tmp_path / "teacher.yaml").write_text(SPEC.format(model=model, url=url))
+def _dry_run(tmp_path, student="Qwen/Qwen3-1.7B", model="Qwen/Qwen3-8B", url="http://10.0.0.5:8000", overrides=(),
+             spec_lines=""):
+    (tmp_path / "teacher.yaml").write_text(SPEC.format(model=model, url=url) + spec_lines)
     (tmp_path / "recipe.yaml").write_text(RECIPE.format(root=tmp_path, student=student))
     return main(["distill", str(tmp_path / "recipe.yaml"), *overrides, "--dry-run"])
 
@@ -105,6 +105,18 @@ def test_dry_run_of_hub_models_and_a_server_teacher(tmp_path, capsys, no_network
     # several held-out splits joined by '+': their tasks one after the other, then eval.max_tasks
     assert _dry_run(tmp_path, overrides=["env.eval_split=test+train", "eval.max_tasks=null"]) == 0
     assert "(4 train / 8 test+train tasks)" in capsys.readouterr().out
+
+
+def test_dry_run_of_a_keyed_server_teacher_needs_its_key_variable(tmp_path, capsys, monkeypatch, no_network):
+    monkeypatch.delenv("TURNOPD_TEST_TEACHER_KEY", raising=False)
+    assert _dry_run(tmp_path, spec_lines="api_key_env: TURNOPD_TEST_TEACHER_KEY\n") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: recipe key 'teachers.search': teacher spec ") and (
+        "key 'api_key_env': the environment variable TURNOPD_TEST_TEACHER_KEY is not set") in err
+    monkeypatch.setenv("TURNOPD_TEST_TEACHER_KEY", "s3cret")
+    assert _dry_run(tmp_path, spec_lines="api_key_env: TURNOPD_TEST_TEACHER_KEY\n") == 0
+    out = capsys.readouterr().out
+    assert "requests carry the API key in $TURNOPD_TEST_TEACHER_KEY" in out and "s3cret" not in out
 
 
 @pytest.mark.parametrize(("kw", "message"), [

@@ -1,13 +1,14 @@
 """What a person watching a run reads: a line per step in a log, and the env's failures named."""
 
 from turnopd.core import progress
+from turnopd.core.metrics import StepRecord
 from turnopd.core.progress import StepProgress
 
 
-def _record(step: int, env_errors: dict[str, int]) -> dict:
-    return {"step": step, "phases": {"rollout": 1.0, "train": 1.0}, "rollout_depth_cap": 12, "alpha": 0.25,
-            "success_rate": 0.5, "mean_kl": 0.125, "tokens_generated": 100, "tokens_trained": 300,
-            "wall_time_s": 7.0, "episodes": 8, "env_failures": sum(env_errors.values()), "env_errors": env_errors}
+def _record(step: int, env_errors: dict[str, int]) -> StepRecord:
+    return StepRecord(step=step, train_time_s=6.0, phases={"rollout": 1.0, "train": 1.0}, rollout_depth_cap=12,
+                      alpha=0.25, success_rate=0.5, mean_kl=0.125, tokens_generated=100, tokens_trained=300,
+                      wall_time_s=7.0, episodes=8, env_failures=sum(env_errors.values()), env_errors=env_errors)
 
 
 def test_a_log_gets_a_line_per_step_and_each_env_failure_is_named():

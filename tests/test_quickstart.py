@@ -39,5 +39,5 @@ def test_quickstart_runs_end_to_end(tmp_path: Path) -> None:
     assert teacher["avg_at_k"] > before["avg_at_k"]
     assert teacher["num_tasks"] == before["num_tasks"] == after["num_tasks"] == 50  # the held-out look_at games
     # and what it shows: distillation raises the student's held-out success (measured here: 34% -> 40%,
-    # 3 games of 50; seeds 1 and 2 rose by 8 and 9 games, see the README)
+    # 3 games of 50; seeds 1 and 2 rose by 8 and 9 games, see docs/results/2026-12-02-quickstart.md)
     assert after["avg_at_k"] > before["avg_at_k"]

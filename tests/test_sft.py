@@ -168,7 +168,7 @@ def test_examples_are_the_turns_the_rollout_engine_renders(tiny_model_dir: Path,
     examples = demo_examples(demos, spec, env_config, tok)
 
     played = rollout(spec, InProcessPool(spec), ScriptedPolicy(tok, answer_format), ["far-4", "near-2"],
-                     env_config=env_config, sampling=SamplingParams(temperature=0), cap=10)
+                     env_config=env_config, sampling=SamplingParams(temperature=0))
     turns = [turn for traj in played for turn in traj.turns]
     assert all(traj.success for traj in played)
     assert [(ex.prompt_ids, ex.answer_ids) for ex in examples] == [(t.prompt_ids, t.action_ids) for t in turns]

@@ -61,21 +61,24 @@ with open(run_dir / "metrics.jsonl", "w") as f:
 
 
 def test_plan_builds_one_command_per_method_and_seed():
-    plan = plan_sweep("recipes/r.yaml", ["turnopd", "tcod"], 2, "out", "abl", ["trainer.steps=5"],
+    plan = plan_sweep("recipes/r.yaml", ["turnopd", "tcod_f2b"], 2, "out", "abl", ["trainer.steps=5"],
                       launcher=["turnopd", "distill"])
     # interleaved: seed 0 of every method, then seed 1
-    assert [run.name for run in plan] == ["abl-turnopd-s0", "abl-tcod-s0", "abl-turnopd-s1", "abl-tcod-s1"]
+    assert [run.name for run in plan] == ["abl-turnopd-s0", "abl-tcod_f2b-s0", "abl-turnopd-s1", "abl-tcod_f2b-s1"]
     assert plan[2].argv == ("turnopd", "distill", "recipes/r.yaml", "name=abl-turnopd-s1", "seed=1",
                             "output_dir=out", "depth.mode=adaptive", "loss.mode=progressive",
                             "trainer.steps=5")
-    assert plan[1].argv[3:] == ("name=abl-tcod-s0", "seed=0", "output_dir=out", "depth.mode=curriculum",
-                                "loss.mode=trajectory", "trainer.steps=5")
-    assert plan[1].run_dir == Path("out/abl-tcod-s0")
+    assert plan[1].argv[3:] == ("name=abl-tcod_f2b-s0", "seed=0", "output_dir=out", "depth.mode=curriculum",
+                                "depth.curriculum_first_step=1", "loss.mode=turn_row_mean",
+                                "trainer.turn_rows_per_update=64", "trainer.steps=5")
+    assert plan[1].run_dir == Path("out/abl-tcod_f2b-s0")
 
 
 @pytest.mark.parametrize(("methods", "seeds", "overrides", "message"), [
-    (["turnopd", "distilbert"], 1, [], "unknown method.*distilbert; allowed: adaptive_depth_only, fixed_cap, progressive_loss_only, tcod, turnopd, turnopd_continuous, "
-     "turnopd_familiarity_gate, turnopd_familiarity_weight, turnopd_world_model, vanilla_opd, vanilla_opd_world_model"),
+    (["turnopd", "distilbert"], 1, [], "unknown method.*distilbert; allowed: adaptive_depth_only, asyncwebrl_constant, "
+     "asyncwebrl_decoupled, curriculum_trajectory, fixed_cap, progressive_loss_only, tcod_f2b, tcod_f2b_token_mean, "
+     "turnopd, turnopd_continuous, turnopd_familiarity_gate, turnopd_familiarity_weight, turnopd_world_model, "
+     "vanilla_opd, vanilla_opd_world_model"),
     (["turnopd"], 0, [], "--seeds must be at least 1"),
     (["turnopd"], 1, ["seed=3"], "seed=3 would overrule"),
     (["turnopd"], 1, ["depth.mode=full"], "depth.mode=full would overrule"),

@@ -269,7 +269,7 @@ def test_the_recipe_names_known_installed_trackers_once(tmp_path, monkeypatch):
 
 RECIPE = """
 name: tracked
-depth: {{h_max: 3, warmup_steps: 1, probe_every: 2, num_probes: 2, min_successes: 1}}
+depth: {{warmup_steps: 1, probe_every: 2, num_probes: 2, min_successes: 1}}
 trainer: {{steps: 2, episodes_per_step: 2, lr: 1.0e-3}}
 eval: {{max_tasks: 1}}
 """

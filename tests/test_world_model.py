@@ -1,5 +1,5 @@
 """Hand-worked checks of the world-model corrections and fidelity measures in
-turnopd.algorithm.world_model, and of the fidelity table built from them."""
+turnopd.algorithm.world_model_corrections, and of the fidelity table built from them."""
 
 import math
 import random
@@ -7,7 +7,7 @@ import random
 import pytest
 
 from envs.transitions import Transition, episode_transitions, split_episodes
-from turnopd.algorithm.world_model import (
+from turnopd.algorithm.world_model_corrections import (
     debiased_mean,
     expected_calibration_error,
     inverse_variance_weights,
@@ -16,9 +16,9 @@ from turnopd.algorithm.world_model import (
     trajectory_variance,
 )
 from turnopd.core.types import EpisodeSummary
-from turnopd.orchestration.distill import world_model_record
-from turnopd.orchestration.world_model import fidelity_table, replay_table
-from turnopd.rollout.world_model import Verdict
+from turnopd.orchestration.run_log import world_model_fields
+from turnopd.orchestration.world_model_training import fidelity_table, replay_table
+from turnopd.rollout.world_model_pool import Verdict
 
 # ------------------------------------------------------------------------- Online Debiasing
 
@@ -83,7 +83,7 @@ def test_a_steps_world_model_record_by_hand():
                 _episode(False, 10, predicted=1.0, verdict_steps=4),  # the replay won where the env did not
                 _episode(False, 3, predicted=None, verdict_steps=2),  # the replay gave no usable answer
                 _episode(False, 1, env_error="worker died")]          # the env failed: no outcome
-    record = world_model_record(episodes)
+    record = world_model_fields(episodes)
     # model mean 2/3; bias over the two real episodes with verdicts ((1-1) + (1-0)) / 2 = 1/2;
     # se^2 = Var(1,1,0)/3 + Var(0,1)/2 = (1/3)/3 + (1/2)/2 = 13/36
     assert record == {"world_model_episodes": 3, "world_model_steps": 21, "world_model_verdict_steps": 12,

@@ -16,13 +16,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.conftest import LAUNCHER_VARIABLES, TINY_MODEL_SIZE, loop_models
 from turnopd.core.metrics import read_metrics
-from turnopd.orchestration.world_model import load_world_model_recipe
+from turnopd.orchestration.world_model_training import load_world_model_recipe
 
 pytestmark = pytest.mark.slow
 
 RECIPE = """
 name: loop
-depth: {{h_max: 3, warmup_steps: 1, probe_every: 2, num_probes: 1, min_successes: 1}}
+depth: {{warmup_steps: 1, probe_every: 2, num_probes: 1, min_successes: 1}}
 trainer: {{steps: 2, episodes_per_step: 4, lr: 1.0e-3}}
 eval: {{max_tasks: 1, at_start: false}}
 """

@@ -24,6 +24,7 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from turnopd.core.metrics import WORK_UNITS
 from turnopd.core.registry import Registry
 from turnopd.core.tracking import TRACKERS, TRACKING_EXTRA
 
@@ -61,6 +62,8 @@ class EnvConfig:
     name: str = field(default="alfworld", metadata=_registered("env"))
     train_split: str = "train"
     eval_split: str = "valid_unseen"  # held-out split; several joined by "+" (e.g. valid_unseen+valid_seen)
+    # the horizon: the most turns an episode plays (probes and evaluations play all of them; the depth
+    # controller caps training rollouts within it)
     max_turns: int = field(default=50, metadata=_range(1))
     history_length: int = field(default=2, metadata=_range(0))
     # prompt template and answer format of the env's prompt (see envs/base.py)
@@ -125,13 +128,23 @@ class ObjectiveConfig:
     kind: str = "reverse"  # reverse | forward | jsd, as the estimator allows (checked by check_consistency)
     jsd_beta: float = field(default=0.5, metadata=_range(0.0, 1.0))
     topk: int = field(default=20, metadata=_range(1))
-    clip_eps: float | None = None  # PPO-style ratio clip for k1; None: no clip
+    # PPO clip of the estimator's importance ratio, [1 - eps, 1 + eps]; None: no clip. k1's ratio is
+    # pi_theta / pi_behave (the sampling log-prob: coupled PPO), k1_decoupled's pi_theta / pi_prox (the
+    # log-prob under the weights the trainer's step started from); k1_proximal's is 1 and takes none
+    clip_eps: float | None = None
+    # dual clip c > 1 of the same ratio: a token with a negative advantage costs at most c |A| (verl, AReaL)
+    dual_clip: float | None = None
+    # k1_decoupled: tokens whose behaviour weight pi_prox / pi_behave exceeds it are dropped (AReaL's
+    # behav_imp_weight_cap; they still count in the loss mode's denominators); None: none dropped
+    behave_weight_cap: float | None = field(default=None, metadata=_range(0.0))
     chunk_size: int = field(default=256, metadata=_range(1))
 
 
 @dataclass
 class LossConfig:
     mode: str = field(default="progressive", metadata=_registered("loss mode"))
+    # the k of loss.mode constant and constant_token_mean, in turns (AsyncWebRL's step_adv_const_length
+    # counts steps: 10 in its configs)
     constant_k: float | None = None
     alpha_schedule: str = field(default="linear", metadata=_registered("alpha schedule"))
     alpha_start: float = field(default=0.0, metadata=_range(0.0, 1.0))
@@ -155,8 +168,7 @@ class FamiliarityConfig:
 @dataclass
 class DepthConfig:
     mode: str = field(default="adaptive", metadata=_registered("depth mode"))
-    h_min: int = field(default=2, metadata=_range(1))
-    h_max: int = field(default=50, metadata=_range(1))
+    h_min: int = field(default=2, metadata=_range(1))  # the horizon (H_max) is env.max_turns
     quantile: float = field(default=0.8, metadata=_range(0.0, 1.0))
     min_successes: int = field(default=8, metadata=_range(0))
     ema: float = field(default=0.3, metadata=_range(0.0, 1.0))
@@ -165,10 +177,26 @@ class DepthConfig:
     num_probes: int | None = field(default=None, metadata=_range(1))  # None: a probe step plays episodes_per_step
     # continuous probing: this share of every step's episodes are probes (None: periodic probe steps)
     probe_fraction: float | None = field(default=None, metadata=_range(0.0, 1.0))
-    # H_cov when fewer than min_successes probes succeeded: previous (the last measured), h_max, h_eff
+    # H_cov when fewer than min_successes probes succeeded: previous (the last measured), h_max (the
+    # horizon, env.max_turns), h_eff
     coverage_fallback: str = field(default="previous", metadata=_choices("previous", "h_max", "h_eff"))
     fixed_cap: int | None = None
     curriculum_interval: int = field(default=1, metadata=_range(1))
+    # the number the curriculum gives a run's first step, cap = 1 + (step + it) // interval: 0 (TurnOPD's
+    # optimizer steps) or 1 (TCOD's explorer steps, batch_id = explore_step_num + 1)
+    curriculum_first_step: int = field(default=0, metadata=_choices(0, 1))
+
+
+@dataclass
+class BudgetConfig:
+    """A training budget: the run ends after the step at which its cumulative `unit` reaches `amount`
+    (with the final evaluation and checkpoint of a last step): the training clock in seconds
+    (train_time_s) or a work measure (env_steps, tokens_generated, tokens_trained), which does not
+    depend on the machine. The step that reaches it is trained whole, so a run spends at most one
+    step more than its budget."""
+
+    unit: str = field(default="env_steps", metadata=_choices(*WORK_UNITS))
+    amount: float = 0.0
 
 
 @dataclass
@@ -188,6 +216,11 @@ class TrainerConfig:
     activation_checkpointing: bool = False
     dtype: str = field(default="auto", metadata=_choices("auto", "float32", "bfloat16"))
     max_bad_steps: int = field(default=3, metadata=_range(1))  # NaN/inf steps in a row before stopping
+    # an optimizer update per this many turn rows (a turn's action tokens, TCOD's unit: its
+    # train_batch_size 64): a step's batch is trained in consecutive updates of at most this many rows,
+    # in batch order; None: one update on the step's whole batch
+    turn_rows_per_update: int | None = field(default=None, metadata=_range(1))
+    budget: BudgetConfig | None = None  # None: train all `steps`
 
 
 @dataclass
@@ -206,6 +239,8 @@ class EvalConfig:
 class CheckpointConfig:
     every: int = field(default=0, metadata=_range(0))  # 0: only at the end
     keep_last: int = field(default=2, metadata=_range(1))
+    # a stop signal (Ctrl-C, a scheduler's SIGTERM) checkpoints the steps done before the run ends
+    on_stop: bool = True
 
 
 @dataclass
@@ -223,7 +258,7 @@ class PipelineConfig:
 
 @dataclass
 class WorldModelRolloutConfig:
-    """World-model rollouts (turnopd.rollout.world_model): a model written by `turnopd world-model
+    """World-model rollouts (turnopd.rollout.world_model_pool): a model written by `turnopd world-model
     train` answers the env steps of most training episodes; null `path`: every episode plays the real
     env. Probes (the depth controller's success and KL) and evaluations always play the real env; of
     the other episodes a seeded `real_fraction` does too, and the model's verdict on those measures
@@ -338,14 +373,21 @@ def _check_allowed(obj: Any, registries: Mapping[str, Registry], prefix: str = "
 def check_consistency(cfg: RunConfig) -> None:
     """Cross-field rules of a distillation recipe that a per-field check cannot see (those that need
     the backends' registries are turnopd.orchestration.recipe's)."""
-    d = cfg.depth
-    if d.h_min > d.h_max:
-        raise RecipeError(f"recipe keys 'depth.h_min'={d.h_min} > 'depth.h_max'={d.h_max}")
-    if d.mode == "fixed" and (d.fixed_cap is None or not 1 <= d.fixed_cap <= d.h_max):
-        raise RecipeError(f"recipe key 'depth.fixed_cap': {d.fixed_cap!r}; depth.mode=fixed needs 1 <= fixed_cap <= h_max={d.h_max}")
+    d, horizon = cfg.depth, cfg.env.max_turns
+    if d.h_min > horizon:
+        raise RecipeError(f"recipe key 'depth.h_min'={d.h_min} exceeds the horizon 'env.max_turns'={horizon}")
+    if d.ema == 0:
+        raise RecipeError("recipe key 'depth.ema': 0 would never move the cap; need 0 < ema <= 1")
+    if d.mode == "fixed" and (d.fixed_cap is None or not 1 <= d.fixed_cap <= horizon):
+        raise RecipeError(f"recipe key 'depth.fixed_cap': {d.fixed_cap!r}; depth.mode=fixed needs 1 <= fixed_cap <= "
+                          f"env.max_turns={horizon}")
     if d.probe_fraction is not None and round(d.probe_fraction * cfg.trainer.episodes_per_step) < 1:
         raise RecipeError(f"recipe key 'depth.probe_fraction': {d.probe_fraction} of trainer.episodes_per_step="
                           f"{cfg.trainer.episodes_per_step} rounds to no probe a step; raise it or the episodes")
+    budget = cfg.trainer.budget
+    if budget is not None and not budget.amount > 0:
+        raise RecipeError(f"recipe key 'trainer.budget.amount': {budget.amount}; a budget of {budget.unit} needs an "
+                          "amount > 0 (or trainer.budget: null for all trainer.steps)")
     if cfg.env.step_latency_s >= cfg.env.step_timeout_s:
         raise RecipeError(f"recipe key 'env.step_latency_s'={cfg.env.step_latency_s} must be below "
                           f"'env.step_timeout_s'={cfg.env.step_timeout_s}: every step would time out")
@@ -358,10 +400,14 @@ def check_consistency(cfg: RunConfig) -> None:
         raise RecipeError("recipe key 'world_model.real_fraction': 0 leaves no real training episode to measure "
                           "the world model's bias on (Online Debiasing); use a share above 0, or world_model.path: "
                           "null for real rollouts only")
-    if d.h_max > cfg.env.max_turns:
-        raise RecipeError(f"recipe key 'depth.h_max'={d.h_max} exceeds 'env.max_turns'={cfg.env.max_turns}")
-    if cfg.loss.mode == "constant" and (cfg.loss.constant_k is None or cfg.loss.constant_k <= 0):
-        raise RecipeError(f"recipe key 'loss.constant_k': {cfg.loss.constant_k!r}; loss.mode=constant needs constant_k > 0")
+    if cfg.loss.mode in ("constant", "constant_token_mean") and (cfg.loss.constant_k is None or cfg.loss.constant_k <= 0):
+        raise RecipeError(f"recipe key 'loss.constant_k': {cfg.loss.constant_k!r}; loss.mode={cfg.loss.mode} needs "
+                          "constant_k > 0 (in turns)")
+    t = cfg.trainer
+    if t.turn_rows_per_update is not None and (t.lr_schedule != "constant" or t.lr_warmup_steps > 0):
+        raise RecipeError(f"recipe key 'trainer.turn_rows_per_update': {t.turn_rows_per_update} with trainer.lr_schedule="
+                          f"{t.lr_schedule} and lr_warmup_steps={t.lr_warmup_steps}; the schedule counts optimizer "
+                          "updates, whose number per step grows with the turns played: use a constant lr without warm-up")
     if cfg.loss.alpha_schedule != "constant" and cfg.loss.alpha_end <= cfg.loss.alpha_start:
         raise RecipeError(f"recipe keys 'loss.alpha_start'={cfg.loss.alpha_start} and 'loss.alpha_end'="
                           f"{cfg.loss.alpha_end}: need alpha_end > alpha_start")
@@ -376,9 +422,16 @@ def check_consistency(cfg: RunConfig) -> None:
                           f"allowed: {', '.join(est.kinds)} (topk and full take reverse, forward or jsd)")
     if o.kind == "jsd" and not 0.0 < o.jsd_beta < 1.0:
         raise RecipeError(f"recipe key 'objective.jsd_beta': {o.jsd_beta}; kind=jsd needs 0 < beta < 1")
+    with_ratio = ", ".join(n for n in estimators.names() if estimators.get(n).needs_sampling_logprobs)
+    if o.dual_clip is not None and (o.dual_clip <= 1 or not est.needs_sampling_logprobs):
+        raise RecipeError(f"recipe key 'objective.dual_clip': {o.dual_clip}; it needs c > 1 and an estimator with an "
+                          f"importance ratio ({with_ratio}), got {o.estimator}")
+    if o.behave_weight_cap is not None and not est.has_behaviour_weight:
+        raise RecipeError(f"recipe key 'objective.behave_weight_cap': {o.behave_weight_cap}; it caps the behaviour "
+                          f"weight pi_prox / pi_behave of k1_decoupled, and {o.estimator} has none")
     if o.clip_eps is not None and not est.needs_sampling_logprobs:
         raise RecipeError(f"recipe key 'objective.clip_eps': {o.clip_eps}; it clips the importance ratio of an "
-                          f"estimator that has one (k1), and {o.estimator} has none")
+                          f"estimator that has one ({with_ratio}), and {o.estimator} has none")
     fam = cfg.familiarity
     if fam.mode != "none" and fam.threshold is None:
         raise RecipeError(f"recipe key 'familiarity.threshold': familiarity.mode={fam.mode} needs a threshold in "
@@ -409,6 +462,9 @@ def validate(cfg: DictConfig, schema: type = RunConfig,
              registries: Mapping[str, Registry] | None = None) -> Any:
     """Validate a composed recipe against a dataclass schema (RunConfig by default); returns the
     typed object. `registries`: kind -> Registry for the fields that name a backend."""
+    if schema is RunConfig and OmegaConf.select(cfg, "depth.h_max") is not None:
+        raise RecipeError("recipe key 'depth.h_max': removed; the horizon is one setting, env.max_turns (the "
+                          "depth controller caps rollouts within it): set env.max_turns instead")
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)
         missing = sorted(OmegaConf.missing_keys(merged))

@@ -15,6 +15,7 @@ from envs.base import ParsedAction, PromptContext, StepOutcome, extract_action
 from tests.doubles import InProcessPool
 from turnopd.config import EnvConfig, PolicyConfig
 from turnopd.core.ledger import Ledger
+from turnopd.orchestration.pipeline.plan import episode_turn_limits
 from turnopd.rollout import POLICY_BACKENDS, Generation, SamplingParams
 from turnopd.rollout.completion import PromptTooLongError
 from turnopd.rollout.engine import chat_prompt_ids, rollout
@@ -106,7 +107,7 @@ def play(tokenizer, tasks, *, cap, max_turns=10, history_length=2, probes=0, pen
     env_config = EnvConfig(name="alfworld", max_turns=max_turns, history_length=history_length,
                            invalid_action_penalty=penalty)
     trajs = rollout(spec, pool, policy, tasks, env_config=env_config, sampling=SamplingParams(),
-                    cap=cap, probes=probes, ledger=ledger)
+                    turn_limits=episode_turn_limits(len(tasks), probes, cap, max_turns), probes=probes, ledger=ledger)
     return trajs, policy, pool
 
 
@@ -172,17 +173,32 @@ def test_env_errors_mark_failed_by_env(tokenizer):
     assert not any(t.truncated for t in trajs)
 
 
+def test_the_engine_plays_each_episode_to_the_limit_it_is_given(tokenizer):
+    # the turn limits are the plan's: the engine applies no rule of its own, so a probe given 2 turns
+    # plays 2 (truncated: below the horizon 6), and the default is the horizon for every episode
+    spec, pool, policy = CounterSpec(), InProcessPool(CounterSpec()), ScriptedPolicy(tokenizer)
+    policy.patterns["reach 20"] = "s"
+    env_config = EnvConfig(name="alfworld", max_turns=6)
+    given = rollout(spec, pool, policy, ["need-20:s"] * 3, env_config=env_config, sampling=SamplingParams(),
+                    turn_limits=[2, 6, 4], probes=1)
+    assert [(t.depth, t.truncated, t.is_probe) for t in given] == [(2, True, True), (6, False, False), (4, True, False)]
+    default = rollout(spec, pool, policy, ["need-20:s"] * 2, env_config=env_config, sampling=SamplingParams())
+    assert [(t.depth, t.truncated) for t in default] == [(6, False), (6, False)]
+
+
 def test_bad_arguments_fail_before_any_env_work(tokenizer):
     spec, env_config = CounterSpec(), EnvConfig(name="alfworld", max_turns=5)
     policy = ScriptedPolicy(tokenizer)
-    for kwargs, message in (({"cap": 0}, "cap must be >= 1"),):
+    for kwargs, message in (({"turn_limits": [0]}, r"each in \[1, env.max_turns=5\]"),
+                            ({"turn_limits": [6]}, r"each in \[1, env.max_turns=5\]"),
+                            ({"turn_limits": [2, 2]}, "one turn limit per task")):
         pool = InProcessPool(spec)
         args = {"env_config": env_config, "sampling": SamplingParams(), **kwargs}
         with pytest.raises(ValueError, match=message):
             rollout(spec, pool, policy, ["need-1:s"], **args)
         assert not pool.envs
     with pytest.raises(ValueError, match="at least one task"):
-        rollout(spec, InProcessPool(spec), policy, [], env_config=env_config, sampling=SamplingParams(), cap=3)
+        rollout(spec, InProcessPool(spec), policy, [], env_config=env_config, sampling=SamplingParams())
 
 
 def test_prompt_too_long_names_history_length(tokenizer):
@@ -191,7 +207,7 @@ def test_prompt_too_long_names_history_length(tokenizer):
     policy.patterns["reach 9"] = "s"
     with pytest.raises(PromptTooLongError, match=r"env.history_length \(now 2\)"):
         rollout(spec, InProcessPool(spec), policy, ["need-9:s"], env_config=EnvConfig(name="alfworld"),
-                sampling=SamplingParams(max_new_tokens=8), cap=5)
+                sampling=SamplingParams(max_new_tokens=8), turn_limits=[5])
 
 
 def test_real_policy_turns_hold_exact_student_logprobs(tiny_model_dir):
@@ -201,7 +217,7 @@ def test_real_policy_turns_hold_exact_student_logprobs(tiny_model_dir):
     spec = CounterSpec()
     env_config = EnvConfig(name="alfworld", max_turns=3, history_length=1)
     trajs = rollout(spec, InProcessPool(spec), policy, ["need-2:s", "need-1:s"], env_config=env_config,
-                    sampling=SamplingParams(temperature=1.0, max_new_tokens=8, seed=5), cap=2)
+                    sampling=SamplingParams(temperature=1.0, max_new_tokens=8, seed=5), turn_limits=[2, 2])
     assert [t.depth for t in trajs] == [2, 2]  # a random model never says "step": truncated by the cap
     assert all(t.truncated and t.weight_version == 0 for t in trajs)
     for traj in trajs:

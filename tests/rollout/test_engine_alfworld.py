@@ -116,7 +116,7 @@ def replay(spec, traj) -> list[tuple[bool, float, str]]:
 def test_probe_full_depth_finished_dropped_invalid_counted(spec, games, policy, demo):
     batches_before = len(policy._batcher.batch_sizes)
     with EnvPool(spec, num_workers=2, step_timeout_s=120) as pool:  # refuses to step an ended episode
-        trajs = rollout(spec, pool, policy, games, env_config=ENV_CONFIG, sampling=SAMPLING, cap=6, probes=len(games))
+        trajs = rollout(spec, pool, policy, games, env_config=ENV_CONFIG, sampling=SAMPLING, probes=len(games))
     assert [t.task_id for t in trajs] == games
     assert [t.depth for t in trajs] == [4, 6, 6, 6]
     assert [t.success for t in trajs] == [True, False, False, False]
@@ -137,7 +137,7 @@ def test_probe_full_depth_finished_dropped_invalid_counted(spec, games, policy, 
 
 def test_cap_truncates_real_episodes(spec, games, policy):
     with EnvPool(spec, num_workers=2, step_timeout_s=120) as pool:
-        trajs = rollout(spec, pool, policy, games[:2], env_config=ENV_CONFIG, sampling=SAMPLING, cap=2)
+        trajs = rollout(spec, pool, policy, games[:2], env_config=ENV_CONFIG, sampling=SAMPLING, turn_limits=[2, 2])
     assert [t.depth for t in trajs] == [2, 2]
     assert all(t.truncated and not t.success and not t.is_probe for t in trajs)
     # the memorized game played its first two expert moves
@@ -153,7 +153,8 @@ def test_greedy_trajectories_are_the_lockstep_engines(spec, games, policy, cap, 
     with EnvPool(spec, num_workers=2, step_timeout_s=120) as pool:
         reference = lockstep_rollout(spec, pool, policy, games, env_config=ENV_CONFIG, sampling=SAMPLING, cap=cap,
                                      is_probe=is_probe)
-        trajs = rollout(spec, pool, policy, games, env_config=ENV_CONFIG, sampling=SAMPLING, cap=cap, probes=probes)
+        trajs = rollout(spec, pool, policy, games, env_config=ENV_CONFIG, sampling=SAMPLING,
+                        turn_limits=[cap] * len(games), probes=probes)
     for got, want in zip(trajs, reference, strict=True):
         assert (got.task_id, got.success, got.truncated, got.is_probe, got.env_error, got.depth) == (
             want.task_id, want.success, want.truncated, want.is_probe, want.env_error, want.depth)
@@ -167,10 +168,10 @@ def test_a_replayed_prefix_puts_the_policy_in_the_same_state(spec, games, policy
     """A takeover: the first two expert actions replayed, then the policy plays from turn 2 the very
     prompts (history included) of the episode it played from the start, and wins the same way."""
     with EnvPool(spec, num_workers=2, step_timeout_s=120) as pool:
-        (whole,) = rollout(spec, pool, policy, [LOOK_GAME], env_config=ENV_CONFIG, sampling=SAMPLING, cap=6)
+        (whole,) = rollout(spec, pool, policy, [LOOK_GAME], env_config=ENV_CONFIG, sampling=SAMPLING)
         prefix = [spec.parse_action(turn.action_text).action for turn in whole.turns[:2]]
         taken, wrong = rollout(spec, pool, policy, [LOOK_GAME, LOOK_GAME], env_config=ENV_CONFIG, sampling=SAMPLING,
-                               cap=6, replays=[prefix, ["go to desk 1", "look"]])
+                               replays=[prefix, ["go to desk 1", "look"]])
     assert [turn.index for turn in taken.turns] == [2, 3] and taken.success
     assert [turn.prompt_ids for turn in taken.turns] == [turn.prompt_ids for turn in whole.turns[2:]]
     assert taken.turns[0].observation == whole.turns[2].observation

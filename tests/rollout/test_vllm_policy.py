@@ -163,7 +163,7 @@ def test_alfworld_rollout_with_vllm_policy(untied):
     spec = make_env_spec(env_config)
     tasks = spec.tasks("valid_seen")[:2]
     with EnvPool(spec, num_workers=1, step_timeout_s=120) as pool:
-        trajs = rollout(spec, pool, policy, tasks, env_config=env_config, cap=2,
+        trajs = rollout(spec, pool, policy, tasks, env_config=env_config, turn_limits=[2, 2],
                         sampling=SamplingParams(temperature=1.0, max_new_tokens=10, seed=2))
     assert [t.depth for t in trajs] == [2, 2] and all(t.truncated for t in trajs)
     assert all(t.weight_version == policy.weight_version for t in trajs)

@@ -17,7 +17,7 @@ from turnopd.config import EnvConfig
 from turnopd.core.types import Trajectory, Turn
 from turnopd.rollout import Generation, SamplingParams
 from turnopd.rollout.engine import rollout
-from turnopd.rollout.world_model import NO_STATUS, WorldModelPool, listed
+from turnopd.rollout.world_model_pool import NO_STATUS, WorldModelPool, listed
 
 
 class ScriptedWorldModel:
@@ -212,7 +212,7 @@ def test_a_twin_verdict_is_the_ending_of_the_same_task_played_in_the_model_besid
     world = WorldModelPool(spec, real, model, history_length=1, max_observation_tokens=32, seed=5, verdict="twin")
     world.start_batch(2)
     [trajectory] = rollout(spec, real, student, [task], env_config=EnvConfig(name="alfworld", max_turns=3),
-                           sampling=SamplingParams(seed=9), cap=3, world=world, simulated=[False])
+                           sampling=SamplingParams(seed=9), world=world, simulated=[False])
     # the real episode played the env (3 looks, not won), and only it is returned: the twin is not trained on
     assert (trajectory.depth, trajectory.success, trajectory.world_model) == (3, False, False)
     assert (trajectory.predicted_success, trajectory.verdict_steps) == verdict

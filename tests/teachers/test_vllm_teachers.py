@@ -2,12 +2,14 @@
 `pytest -m vllm tests/teachers/test_vllm_teachers.py`): in-process prompt log-probs and the
 OpenAI-compatible server (started here by `turnopd teacher serve`, stopped by its PID) against the
 transformers teacher in fp32, on trajectories the rollout engine played on real ALFWorld games; and
-both with a LoRA adapter on the base (enable_lora) against the transformers teacher's merged adapter."""
+both with a LoRA adapter on the base (enable_lora) against the transformers teacher's merged adapter;
+a server started with an API key (spec api_key_env) refuses requests without it."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -16,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 import torch
 
 pytestmark = pytest.mark.vllm
@@ -24,7 +27,14 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from envs import make_env_spec  # noqa: E402
 from envs.pool import EnvPool  # noqa: E402
-from teachers import TeacherServerError, TeacherSpec, make_teacher, save_teacher_spec, score_trajectories  # noqa: E402
+from teachers import (  # noqa: E402
+    TeacherServerError,
+    TeacherSpec,
+    load_teacher_spec,
+    make_teacher,
+    save_teacher_spec,
+    score_trajectories,
+)
 from turnopd.config import EnvConfig, PolicyConfig  # noqa: E402
 from turnopd.rollout import POLICY_BACKENDS, SamplingParams  # noqa: E402
 from turnopd.rollout.engine import rollout  # noqa: E402
@@ -58,7 +68,7 @@ def alfworld_trajectories(tiny_model_dir):
     policy = POLICY_BACKENDS.get("transformers")(tiny_model_dir, PolicyConfig(), dtype="float32")
     with EnvPool(spec, num_workers=1, step_timeout_s=120) as pool:
         return rollout(spec, pool, policy, spec.tasks("valid_seen")[:2], env_config=env_config,
-                       sampling=SamplingParams(temperature=1.0, max_new_tokens=12, seed=1), cap=3)
+                       sampling=SamplingParams(temperature=1.0, max_new_tokens=12, seed=1), turn_limits=[3, 3])
 
 
 def sequences(teacher, n: int = 6) -> list[list[int]]:
@@ -195,9 +205,58 @@ def server(tiny_model_dir, tmp_path_factory):
         yield served
 
 
-def test_server_scores_like_transformers_then_fails_clearly_when_killed(server, reference, alfworld_trajectories):
-    from teachers import load_teacher_spec
+KEY_VARIABLE = "TURNOPD_TEST_TEACHER_KEY"
 
+
+def test_a_keyed_server_refuses_requests_without_its_key_and_scores_like_a_keyless_one(
+        server, tiny_model_dir, tmp_path_factory, reference, monkeypatch):
+    """`turnopd teacher serve` of a spec with `api_key_env`: vLLM gets the key from that variable, the
+    client sends it; without it (or with another) vLLM answers 401 and the client says which server and
+    which variable. Comes before the test that SIGKILLs the module's keyless `server`."""
+    key = f"test-{secrets.token_hex(8)}"
+    monkeypatch.setenv(KEY_VARIABLE, key)  # `serve_teacher` passes the environment on to `turnopd teacher serve`
+    seqs = sequences(reference)
+    keyless_spec = load_teacher_spec(server[0])
+    keyless_spec.options = {"timeout_s": 60.0}
+    keyless = make_teacher(keyless_spec)
+    with serve_teacher(tiny_model_dir, tmp_path_factory, api_key_env=KEY_VARIABLE) as (spec_path, server_pid, _):
+        spec = load_teacher_spec(spec_path)
+        spec.options = {"timeout_s": 60.0}
+        # on vLLM's environment (VLLM_API_KEY), not its command line, which every user of the node can list
+        assert key not in Path(f"/proc/{server_pid}/cmdline").read_text()
+        # the server's own answer to a request without the key; /health stays open (the readiness probe)
+        payload = {"model": "tiny-teacher", "prompt": seqs[0], "max_tokens": 1, "prompt_logprobs": 0}
+        refused = requests.post(f"{spec.url}/v1/completions", json=payload, timeout=30)
+        assert (refused.status_code, refused.json()) == (401, {"error": "Unauthorized"})
+        assert requests.get(f"{spec.url}/health", timeout=30).status_code == 200
+
+        client = make_teacher(spec)
+        got, expected = client.score(seqs, topk=TOPK), keyless.score(seqs, topk=TOPK)
+        assert [s.logprobs for s in got] == [s.logprobs for s in expected]  # the same vLLM, fp32: exactly
+        assert [s.topk_ids for s in got] == [s.topk_ids for s in expected]
+
+        spec.api_key_env = None
+        keyless_client = make_teacher(spec)
+        with pytest.raises(TeacherServerError, match=rf"teacher server {spec.url} requires an API key \(HTTP 401: "
+                                                     r'{"error":"Unauthorized"}\).*api_key_env'):
+            keyless_client.score(seqs[:1])
+        spec.api_key_env = KEY_VARIABLE
+        monkeypatch.setenv(KEY_VARIABLE, "another-key")
+        wrong_key_client = make_teacher(spec)
+        t0 = time.monotonic()
+        with pytest.raises(TeacherServerError, match=rf"teacher server {spec.url} refused the API key in "
+                                                     rf"\${KEY_VARIABLE} \(HTTP 401"):
+            wrong_key_client.score(seqs[:1])
+        assert time.monotonic() - t0 < 2.0  # at once, not retried until timeout_s
+        # vLLM checks the key on its /v1 routes only: its SageMaker route scores without it, the reason
+        # docs/teacher-servers.md puts a proxy that forwards /v1 in front of a server others can reach
+        assert requests.post(f"{spec.url}/invocations", json=payload, timeout=30).status_code == 200
+        for teacher in (client, keyless_client, wrong_key_client):
+            teacher.close()
+    keyless.close()
+
+
+def test_server_scores_like_transformers_then_fails_clearly_when_killed(server, reference, alfworld_trajectories):
     spec_path, server_pid, cli = server
     spec = load_teacher_spec(spec_path)
     spec.options = {"batch_size": 4, "timeout_s": 120.0, "max_logprobs": 50}
@@ -234,8 +293,6 @@ def test_server_with_a_lora_adapter_scores_like_transformers(lora_adapter, tiny_
     """`turnopd teacher serve` of a spec with `adapter`: the base served with the adapter as a LoRA module
     (--enable-lora --lora-modules tiny-teacher-lora=ADAPTER); requests that name the module score with
     the adapter, requests that name the base (a spec without it) score as the base."""
-    from teachers import load_teacher_spec
-
     adapter_dir, _ = lora_adapter
     merged = make_teacher(spec_for(tiny_model_dir, "transformers", adapter=str(adapter_dir)))
     seqs = sequences(reference)

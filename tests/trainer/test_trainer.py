@@ -207,9 +207,12 @@ def test_nan_loss_skips_the_step_and_repeated_ones_stop_training(zero_stage, dty
     assert max_diff(params(trainer.module), after_good) == 0.0
 
 
-@pytest.mark.parametrize("zero_stage", [0, 2])
-def test_save_and_load_continue_exactly(tmp_path, zero_stage):
-    cfgs = configs("k1", zero_stage=zero_stage, lr_schedule="cosine", lr_warmup_steps=1)
+@pytest.mark.parametrize(("zero_stage", "dtype"), [(0, "float32"), (1, "float32"), (2, "float32"), (3, "float32"),
+                                                (2, "bfloat16")])
+def test_save_and_load_continue_exactly(tmp_path, zero_stage, dtype):
+    """Every ZeRO stage and DeepSpeed's bf16 optimizer: the state files load back without running code
+    (weights_only, the classes they name allowed) and the next step is the uninterrupted one's."""
+    cfgs = configs("k1", zero_stage=zero_stage, lr_schedule="cosine", lr_warmup_steps=1, dtype=dtype)
     batches = [build_token_batch(random_trajectories(seed, 4)) for seed in (1, 2)]
     first = Trainer(tiny_llama(0), *cfgs, total_steps=4)
     first.step(batches[0], alpha=0.2)
@@ -238,3 +241,26 @@ def test_clear_errors_before_any_training(tmp_path):
         trainer.step(build_token_batch(random_trajectories(0, 2)), alpha=0.0)
     with pytest.raises(FileNotFoundError, match="no trainer state"):
         trainer.load(tmp_path)
+
+
+def test_a_crafted_deepspeed_state_file_is_refused_not_run(tmp_path):
+    """DeepSpeed's own loader would unpickle its state files with weights_only=False; Trainer.load gives it
+    the weights-only loader, so a state file whose pickle calls a function is refused before it runs."""
+    import contextlib
+
+    from tests.test_checkpoint import WritesAMarker
+    from turnopd.core.checkpoint import CheckpointRefused
+    from turnopd.trainer.trainer import CHECKPOINT_TAG
+
+    trainer = Trainer(tiny_llama(0), *configs("k1"), total_steps=2)
+    trainer.save(tmp_path / "ckpt")
+    [state_file] = (tmp_path / "ckpt" / "deepspeed" / CHECKPOINT_TAG).glob("mp_rank_*_model_states.pt")
+    marker = tmp_path / "marker"
+    torch.save({"module": WritesAMarker(marker)}, state_file)
+    with contextlib.suppress(Exception):  # the payload works where weights_only=False loads it
+        torch.load(state_file, weights_only=False)
+    assert marker.exists()
+    marker.unlink()
+    with pytest.raises(CheckpointRefused, match="mp_rank_00_model_states.pt was not loaded: it names io.open"):
+        Trainer(tiny_llama(0), *configs("k1"), total_steps=2).load(tmp_path / "ckpt")
+    assert not marker.exists()

@@ -55,20 +55,16 @@ def loss_alpha(step: int, total_steps: int, start: float = 0.0, end: float = 1.0
                schedule: str = "linear") -> float:
     """Progressive alpha at optimizer step `step` (0-based) of `total_steps`.
 
-    With k = step + 1 (DESIGN.md's "step k of K", 1-based, so that the last step has k/K = 1):
+    With k = step + 1 (the design's "step k of K", 1-based, so that the last step has k/K = 1):
     x = clip((k / K - start) / (end - start), 0, 1); linear: alpha = x (the paper, start = 0,
     end = 1), cosine: (1 - cos(pi x)) / 2, step: 1[x >= 1/2]. `constant`: alpha = start at every
-    step (end unused).
+    step (end unused). The recipe check (turnopd.config) holds 0 <= start < end <= 1.
     """
     if total_steps <= 0:
         raise ValueError(f"total_steps must be > 0, got {total_steps}")
     fn = ALPHA_SCHEDULES.get(schedule)
-    if not 0.0 <= start <= 1.0:
-        raise ValueError(f"alpha start must be in [0, 1], got {start}")
     if schedule == "constant":  # no ramp
         return float(fn(0.0, start))
-    if end <= start:
-        raise ValueError(f"alpha schedule needs end > start, got start={start} end={end}")
     x = min(max(((step + 1) / total_steps - start) / (end - start), 0.0), 1.0)
     return float(fn(x, start))
 
@@ -84,7 +80,7 @@ def effective_depth(turn_kl: Sequence[Sequence[float]], eps: float = 1e-8) -> fl
 
     K_t = mean KL at turn t over the probes alive at t; n_t = probes alive at t, n_1 = probes;
     m_t = max(K_t, 0) * n_t / n_1;  q_t = m_t / (sum_j m_j + eps);  H_eff = sum_t t * q_t.
-    (DESIGN.md writes t from 0 and adds the 1 to the cap; counting from 1 here, the cap needs no +1,
+    (docs/algorithm.md writes t from 0 and adds the 1 to the cap; counting from 1 here, the cap needs no +1,
     and H_eff and H_cov are in the same unit.)
     """
     probes = [list(kl) for kl in turn_kl if len(kl) > 0]
@@ -131,16 +127,22 @@ def probe_statistics(trajectories: Sequence[Trajectory], turn_kl: Sequence[Seque
     return kls, success
 
 
-COVERAGE_FALLBACKS = ("previous", "h_max", "h_eff")
-
-
 class DepthSchedule(Protocol):
-    """How many turns the next training rollouts may play, and how many of a step's episodes are
-    full-depth probes."""
+    """How many turns the next training rollouts may play (the cap, at most the horizon h_max =
+    env.max_turns), and how many of a step's episodes are full-depth probes.
+
+    cap_at(step)                 the cap of step `step`'s rollouts
+    probes_at(step, episodes)    how many of its episodes are probes (0: none)
+    update(turn_kl, success)     a controller step from probes' per-turn KL and success; the new cap
+    diagnostics()                the latest update's H_eff, H_cov, H_cov_measured, H_ctrl, H_bar
+                                 (empty before one, and for the schedules that take no probes)
+    state_dict / load_state_dict what a checkpoint keeps
+    """
 
     def cap_at(self, step: int) -> int: ...
     def probes_at(self, step: int, episodes: int) -> int: ...
     def update(self, turn_kl: Sequence[Sequence[float]], success: Sequence[bool]) -> int: ...
+    def diagnostics(self) -> dict[str, float | bool]: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
@@ -155,6 +157,9 @@ class DepthController:
     warm-up cap h_max is a default, not a measurement); cap = clip(round(H_bar_k), h_min, h_max).
     Before the first update cap = h_max. Rounding is Python's round (half to even).
 
+    h_max is the horizon (the recipe's env.max_turns); the recipe check (turnopd.config) holds
+    1 <= h_min <= h_max, 0 < ema <= 1 and the coverage_fallback names.
+
     Probes, two ways:
     - periodic (probe_fraction None): after `warmup_steps` optimizer steps, then every `probe_every`
       steps, a step's whole batch is probes (`num_probes` episodes instead, when set); each update
@@ -167,16 +172,6 @@ class DepthController:
     def __init__(self, h_min: int = 2, h_max: int = 50, quantile: float = 0.8, min_successes: int = 8,
                  ema: float = 0.3, warmup_steps: int = 3, probe_every: int = 8, num_probes: int | None = None,
                  probe_fraction: float | None = None, coverage_fallback: str = "previous"):
-        if not 1 <= h_min <= h_max:
-            raise ValueError(f"need 1 <= h_min <= h_max, got h_min={h_min} h_max={h_max}")
-        if not 0.0 < ema <= 1.0:
-            raise ValueError(f"ema must be in (0, 1], got {ema}")
-        if probe_every < 1 or warmup_steps < 0:
-            raise ValueError(f"need probe_every >= 1 and warmup_steps >= 0, got {probe_every}, {warmup_steps}")
-        if probe_fraction is not None and not 0.0 < probe_fraction <= 1.0:
-            raise ValueError(f"probe_fraction must be in (0, 1], got {probe_fraction}")
-        if coverage_fallback not in COVERAGE_FALLBACKS:
-            raise ValueError(f"coverage_fallback must be one of {', '.join(COVERAGE_FALLBACKS)}, got {coverage_fallback!r}")
         self.h_min, self.h_max, self.quantile, self.min_successes = h_min, h_max, quantile, min_successes
         self.ema, self.warmup_steps, self.probe_every = ema, warmup_steps, probe_every
         self.num_probes, self.probe_fraction, self.coverage_fallback = num_probes, probe_fraction, coverage_fallback
@@ -222,6 +217,9 @@ class DepthController:
                      "h_ctrl": float(h_ctrl), "h_bar": self.h_bar}
         return self.cap
 
+    def diagnostics(self) -> dict[str, float | bool]:
+        return dict(self.last)
+
     def state_dict(self) -> dict[str, Any]:
         return {"cap": self.cap, "h_bar": self.h_bar, "h_cov": self.h_cov, "last": dict(self.last),
                 "window": None if self.window is None else [list(step) for step in self.window]}
@@ -241,6 +239,9 @@ class _StaticDepth:
     def update(self, turn_kl: Sequence[Sequence[float]], success: Sequence[bool]) -> int:
         raise RuntimeError(f"{type(self).__name__} takes no probes")
 
+    def diagnostics(self) -> dict[str, float | bool]:
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -259,11 +260,9 @@ class FullDepth(_StaticDepth):
 
 
 class FixedDepth(_StaticDepth):
-    """A constant cap."""
+    """A constant cap (the recipe check holds 1 <= cap <= h_max)."""
 
-    def __init__(self, cap: int, h_max: int):
-        if not 1 <= cap <= h_max:
-            raise ValueError(f"fixed cap must be in [1, {h_max}], got {cap}")
+    def __init__(self, cap: int):
         self.cap = cap
 
     def cap_at(self, step: int) -> int:
@@ -271,45 +270,44 @@ class FixedDepth(_StaticDepth):
 
 
 class CurriculumDepth(_StaticDepth):
-    """TCOD-F2B front-to-back curriculum: cap = min(1 + step // interval, h_max)."""
+    """TCOD-F2B front-to-back curriculum: cap = min(1 + (step + first_step) // interval, h_max) at the
+    0-based step `step`. first_step 1 numbers the steps as TCOD numbers its explorer steps (from 1:
+    its workflow reads batch_id = explore_step_num + 1), so the cap first grows a step earlier."""
 
-    def __init__(self, interval: int, h_max: int):
-        if interval < 1:
-            raise ValueError(f"curriculum interval must be >= 1, got {interval}")
-        self.interval, self.h_max = interval, h_max
+    def __init__(self, interval: int, h_max: int, first_step: int = 0):
+        self.interval, self.h_max, self.first_step = interval, h_max, first_step
 
     def cap_at(self, step: int) -> int:
-        return min(1 + step // self.interval, self.h_max)
+        return min(1 + (step + self.first_step) // self.interval, self.h_max)
 
 
-# name -> the schedule a recipe's `depth` block (turnopd.config.DepthConfig, or any object with its
-# fields) builds
-DEPTH_MODES: Registry[Callable[[Any], DepthSchedule]] = Registry("depth mode")
+# name -> the schedule of a recipe's `depth` block (turnopd.config.DepthConfig, or any object with its
+# fields) over the horizon h_max (env.max_turns)
+DEPTH_MODES: Registry[Callable[[Any, int], DepthSchedule]] = Registry("depth mode")
 
 
 @DEPTH_MODES.register("adaptive")
-def _adaptive(d: Any) -> DepthController:
-    return DepthController(d.h_min, d.h_max, d.quantile, d.min_successes, d.ema, d.warmup_steps, d.probe_every,
+def _adaptive(d: Any, h_max: int) -> DepthController:
+    return DepthController(d.h_min, h_max, d.quantile, d.min_successes, d.ema, d.warmup_steps, d.probe_every,
                            d.num_probes, d.probe_fraction, d.coverage_fallback)
 
 
 @DEPTH_MODES.register("full")
-def _full(d: Any) -> FullDepth:
-    return FullDepth(d.h_max)
+def _full(d: Any, h_max: int) -> FullDepth:
+    return FullDepth(h_max)
 
 
 @DEPTH_MODES.register("fixed")
-def _fixed(d: Any) -> FixedDepth:
-    if d.fixed_cap is None:
-        raise ValueError("depth.mode 'fixed' needs depth.fixed_cap")
-    return FixedDepth(d.fixed_cap, d.h_max)
+def _fixed(d: Any, h_max: int) -> FixedDepth:
+    return FixedDepth(d.fixed_cap)
 
 
 @DEPTH_MODES.register("curriculum")
-def _curriculum(d: Any) -> CurriculumDepth:
-    return CurriculumDepth(d.curriculum_interval, d.h_max)
+def _curriculum(d: Any, h_max: int) -> CurriculumDepth:
+    return CurriculumDepth(d.curriculum_interval, h_max, d.curriculum_first_step)
 
 
-def make_depth_schedule(depth: Any) -> DepthSchedule:
-    """The depth schedule a recipe's `depth` block names (`depth.mode`, see DEPTH_MODES)."""
-    return DEPTH_MODES.get(depth.mode)(depth)
+def make_depth_schedule(depth: Any, horizon: int) -> DepthSchedule:
+    """The depth schedule a recipe's `depth` block names (`depth.mode`, see DEPTH_MODES), capping
+    rollouts within the env's horizon (env.max_turns, the one horizon setting)."""
+    return DEPTH_MODES.get(depth.mode)(depth, horizon)

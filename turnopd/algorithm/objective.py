@@ -4,11 +4,13 @@ Pure functions over tensors: no I/O, no framework objects. The training loss is
 
     loss = sum_p w_p * l_p      over student action tokens p,
 
-where l_p comes from an ESTIMATOR (k1, k3, topk, full) and w_p from a TOKEN-WEIGHT mode
-(token_mean, trajectory, turn, constant, progressive). Notation: trajectory i has T_i turns (those
-with at least one student token), n_i student tokens, n_it tokens in turn t; N_traj trajectories and
-N_tokens student tokens in the (global) batch; s = student log-prob, T = teacher log-prob of the
-sampled token.
+where l_p comes from an ESTIMATOR (k1, k1_proximal, k1_decoupled, k3, topk, full) and w_p from a
+TOKEN-WEIGHT mode (token_mean, trajectory, turn, turn_row_mean, constant, constant_token_mean,
+progressive). Notation: trajectory i has T_i turns (those with at least one student token), n_i
+student tokens, n_it tokens in turn t; N_traj trajectories, N_rows turn rows (the (trajectory, turn)
+pairs with student tokens: what TCOD trains as one row each) and N_tokens student tokens in the
+(global) batch; s = student log-prob, T = teacher log-prob of the sampled token. Every weight mode
+takes TokenCounts (tensors [N], one entry per student token of this rank) and returns w, [N].
 """
 
 from __future__ import annotations
@@ -36,20 +38,21 @@ class TokenCounts:
     traj_turns: torch.Tensor  # T_i
     num_trajectories: int  # N_traj
     num_tokens: int  # N_tokens
+    num_turn_rows: int  # N_rows
 
 
 WeightFn = Callable[[TokenCounts, float, "float | None"], torch.Tensor]
 TOKEN_WEIGHT_MODES: Registry[WeightFn] = Registry("loss mode")
 
 
-@TOKEN_WEIGHT_MODES.register("token")  # DESIGN.md's name
+@TOKEN_WEIGHT_MODES.register("token")  # the design's name, docs/algorithm.md
 @TOKEN_WEIGHT_MODES.register("token_mean")
 def token_mean_weights(c: TokenCounts, alpha: float, constant_k: float | None) -> torch.Tensor:
     """w = 1 / N_tokens: every student token of the batch weighs the same."""
     return torch.full_like(c.traj_tokens, 1.0 / c.num_tokens, dtype=torch.get_default_dtype())
 
 
-@TOKEN_WEIGHT_MODES.register("sequence")  # DESIGN.md's name
+@TOKEN_WEIGHT_MODES.register("sequence")  # the design's name, docs/algorithm.md
 @TOKEN_WEIGHT_MODES.register("trajectory")
 def trajectory_weights(c: TokenCounts, alpha: float, constant_k: float | None) -> torch.Tensor:
     """w = 1 / (N_traj * n_i): each trajectory its token mean (vanilla OPD, seq-mean-token-mean)."""
@@ -63,12 +66,32 @@ def turn_weights(c: TokenCounts, alpha: float, constant_k: float | None) -> torc
     return 1.0 / (c.num_trajectories * c.traj_turns.to(dt) * c.turn_tokens.to(dt))
 
 
+@TOKEN_WEIGHT_MODES.register("turn_row_mean")
+def turn_row_mean_weights(c: TokenCounts, alpha: float, constant_k: float | None) -> torch.Tensor:
+    """w = 1 / (N_rows * n_it): each turn row its token mean, then the mean over the batch's rows, so
+    every turn of the batch weighs the same and trajectory i weighs T_i / N_rows. TCOD's ALFWorld F2B
+    (one row per turn, loss_agg_mode seq-mean-token-mean over the minibatch's rows)."""
+    dt = torch.get_default_dtype()
+    return 1.0 / (c.num_turn_rows * c.turn_tokens.to(dt))
+
+
 @TOKEN_WEIGHT_MODES.register("constant")
 def constant_weights(c: TokenCounts, alpha: float, constant_k: float | None) -> torch.Tensor:
-    """w = 1 / (N_traj * k) for a fixed k (AsyncWebRL's 1/k: long trajectories are not down-weighted)."""
-    if constant_k is None or constant_k <= 0:
-        raise ValueError(f"loss mode 'constant' needs constant_k > 0, got {constant_k!r}")
+    """w = 1 / (N_traj * k), k = loss.constant_k > 0 in turns (steps): the formula of AsyncWebRL's
+    docs, 1/(G k) sum_i sum_j sum_t. Long trajectories are not down-weighted; the weights total
+    N_tokens / (N_traj k), which moves with the batch's mean trajectory length. AsyncWebRL's code
+    computes `constant_token_mean`."""
     return torch.full_like(c.traj_tokens, 1.0 / (c.num_trajectories * constant_k), dtype=torch.get_default_dtype())
+
+
+@TOKEN_WEIGHT_MODES.register("constant_token_mean")
+def constant_token_mean_weights(c: TokenCounts, alpha: float, constant_k: float | None) -> torch.Tensor:
+    """w = 1 / (k * N_tokens), k = loss.constant_k > 0 in turns (steps): AsyncWebRL's code
+    (webgym `_compute_step_level_advantages` divides each step's advantage by
+    step_adv_const_length = k steps, `ppo_actor_loss_fn` takes the token mean over the minibatch with
+    its global token count). OPD's per-token loss is already per token, so nothing per trajectory
+    divides: token_mean scaled by 1/k, the weights total 1/k at every step."""
+    return torch.full_like(c.traj_tokens, 1.0 / (constant_k * c.num_tokens), dtype=torch.get_default_dtype())
 
 
 @TOKEN_WEIGHT_MODES.register("progressive")
@@ -88,9 +111,11 @@ def token_counts(
     turn_ids: torch.Tensor,
     num_trajectories: int | None = None,
     num_tokens: int | None = None,
+    num_turn_rows: int | None = None,
 ) -> TokenCounts:
-    """Count n_i, n_it, T_i for every token. N_traj defaults to the trajectories present and
-    N_tokens to len(traj_ids); pass the global values when a rank holds part of the batch."""
+    """Count n_i, n_it, T_i for every token. N_traj defaults to the trajectories present, N_tokens to
+    len(traj_ids) and N_rows to the turn rows present; pass the global values when a rank holds part
+    of the batch."""
     if traj_ids.ndim != 1 or traj_ids.shape != turn_ids.shape:
         raise ValueError(f"traj_ids and turn_ids must be equal 1-D shapes, got {tuple(traj_ids.shape)} "
                          f"and {tuple(turn_ids.shape)}")
@@ -108,7 +133,15 @@ def token_counts(
         traj_turns=turns_per_traj[traj_inv],
         num_trajectories=int(n_i.numel()) if num_trajectories is None else num_trajectories,
         num_tokens=int(traj_ids.numel()) if num_tokens is None else num_tokens,
+        num_turn_rows=int(pair_u.numel()) if num_turn_rows is None else num_turn_rows,
     )
+
+
+def turn_row_index(traj_ids: torch.Tensor, turn_ids: torch.Tensor) -> torch.Tensor:
+    """Per student token [N], the index of its turn row (its (trajectory, turn) pair) among the batch's
+    rows 0..N_rows-1, ordered by trajectory index, then turn index: the batch order."""
+    stride = int(turn_ids.max()) + 1 if turn_ids.numel() else 1
+    return torch.unique(traj_ids * stride + turn_ids, return_inverse=True)[1]
 
 
 def token_weights(
@@ -119,12 +152,14 @@ def token_weights(
     constant_k: float | None = None,
     num_trajectories: int | None = None,
     num_tokens: int | None = None,
+    num_turn_rows: int | None = None,
 ) -> torch.Tensor:
     """Per-token weights w (loss = sum(w * per_token_loss)) for the student tokens described by
     their trajectory index and turn index. See TOKEN_WEIGHT_MODES for each mode's formula.
-    In the normalized modes (all but `constant`) the weights sum to 1 over the global batch."""
+    In the normalized modes (all but `constant` and `constant_token_mean`) the weights sum to 1 over
+    the global batch."""
     fn = TOKEN_WEIGHT_MODES.get(mode)
-    return fn(token_counts(traj_ids, turn_ids, num_trajectories, num_tokens), alpha, constant_k)
+    return fn(token_counts(traj_ids, turn_ids, num_trajectories, num_tokens, num_turn_rows), alpha, constant_k)
 
 
 # --------------------------------------------------------------------------------------------
@@ -171,12 +206,14 @@ def divergence(student_logp: torch.Tensor, teacher_logp: torch.Tensor, kind: str
 class TokenInputs:
     """What an estimator may read at the action tokens of a micro-batch, [n] or [n, k] (None where
     the trainer did not compute it): the student's log-prob s of each token (with grad), its log-prob
-    at sampling time s_old, the teacher's T; the student's and the teacher's log-probs of the
-    teacher's top-k ids, and those ids; the student's hidden states and output head, and the teacher's, when the
-    teacher runs in the training process."""
+    at sampling time s_old (the behaviour policy's), its log-prob s_prox under the weights the trainer's
+    step started from (the proximal policy's, no grad), the teacher's T; the student's and the
+    teacher's log-probs of the teacher's top-k ids, and those ids; the student's hidden states and
+    output head, and the teacher's, when the teacher runs in the training process."""
 
     student: torch.Tensor | None = None
     sampling: torch.Tensor | None = None
+    proximal: torch.Tensor | None = None
     teacher: torch.Tensor | None = None
     student_topk: torch.Tensor | None = None
     teacher_topk: torch.Tensor | None = None
@@ -190,7 +227,7 @@ class TokenInputs:
 @dataclass(frozen=True)
 class Estimator:
     """A registered per-token estimator: its pure function, how the trainer's TokenInputs and the
-    recipe's `objective` settings (clip_eps, kind, jsd_beta, chunk_size) bind to its arguments, and
+    recipe's `objective` settings (clip_eps, dual_clip, behave_weight_cap, kind, jsd_beta, chunk_size) bind to its arguments, and
     what the loop must provide for it. Scoring, the pre-flight checks and the trainer read these,
     so each is decided in one place."""
 
@@ -201,7 +238,14 @@ class Estimator:
     needs_teacher_topk: bool = False  # the teacher's top-k ids and log-probs (objective.topk)
     needs_teacher_model: bool = False  # the teacher's model in the training process (whole vocabulary)
     needs_sampling_logprobs: bool = False  # the student's log-prob at sampling time (importance ratio)
+    # the student's log-prob under the weights the trainer's step started from (the trainer computes it)
+    needs_proximal_logprobs: bool = False
     kinds: tuple[str, ...] = ("reverse",)  # the divergences it can estimate (objective.kind)
+
+    @property
+    def has_behaviour_weight(self) -> bool:
+        """Whether it also weighs a token by pi_prox / pi_behave (what objective.behave_weight_cap caps)."""
+        return self.needs_sampling_logprobs and self.needs_proximal_logprobs
 
     @property
     def uses_teacher(self) -> bool:
@@ -232,23 +276,74 @@ def estimator(name: str, bind: Callable[[TokenInputs, Any], tuple], **needs: Any
     return add
 
 
-@estimator("k1", lambda x, o: (x.student, x.sampling, x.teacher, o.clip_eps), needs_sampling_logprobs=True)
-def k1_loss(student_logprobs: torch.Tensor, old_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor,
-            clip_eps: float | None = None) -> torch.Tensor:
-    """Sampled-token reverse KL used as a reward (tinker-cookbook / slime OPD).
+def ppo_surrogate(ratio: torch.Tensor, advantage: torch.Tensor, clip_eps: float | None = None,
+                  dual_clip: float | None = None) -> torch.Tensor:
+    """The PPO loss of tokens with importance ratio r and advantage A, all [n]:
+    l = -r A; with clip_eps, l = max(-r A, -clip(r, 1 - eps, 1 + eps) A); with dual_clip c > 1, on the
+    tokens with A < 0, l = min(l, -c A) (verl's and AReaL's dual clip: a negative-advantage token
+    costs at most c |A|, however large its ratio)."""
+    loss = -ratio * advantage
+    if clip_eps is not None:
+        loss = torch.maximum(loss, -torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantage)
+    if dual_clip is not None:
+        loss = torch.where(advantage < 0, torch.minimum(loss, -dual_clip * advantage), loss)
+    return loss
 
-    A = -(s_old - T) (detached; s_old = the log-prob the token was sampled with),
-    ratio = exp(s_new - s_old),   l = -ratio * A,
-    or with clip_eps the PPO form l = -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A).
+
+@estimator("k1", lambda x, o: (x.student, x.sampling, x.teacher, o.clip_eps, o.dual_clip), needs_sampling_logprobs=True)
+def k1_loss(student_logprobs: torch.Tensor, old_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor,
+            clip_eps: float | None = None, dual_clip: float | None = None) -> torch.Tensor:
+    """Sampled-token reverse KL used as a reward (tinker-cookbook / slime OPD), coupled PPO: all [n].
+
+    A = -(s_old - T) (detached; s_old = the log-prob the token was sampled with, the behaviour
+    policy's), ratio = exp(s_new - s_old) = pi_theta / pi_behave,   l = -ratio * A,
+    or with clip_eps / dual_clip the PPO form of `ppo_surrogate` on that ratio.
     Its gradient at ratio = 1 is (s - T) * grad s, the score-function gradient of KL(S || T).
     """
     advantage = -(old_logprobs - teacher_logprobs).detach()
     ratio = torch.exp(student_logprobs - old_logprobs.detach())
-    loss = -ratio * advantage
-    if clip_eps is not None:
-        clipped = -torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantage
-        loss = torch.maximum(loss, clipped)
-    return loss
+    return ppo_surrogate(ratio, advantage, clip_eps, dual_clip)
+
+
+@estimator("k1_proximal", lambda x, o: (x.student, x.teacher))
+def k1_proximal_loss(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tensor:
+    """k1 around the log-prob the trainer recomputes before each update, TCOD's estimator (verl's PPO
+    loss, advantage = teacher - old log-prob, the old log-probs recomputed by the trainer), all [n]:
+
+    s_prox = s detached (the update's own forward), A = T - s_prox, ratio = exp(s - s_prox) = 1,
+    l = -ratio * A: the value s - T, the gradient (s - T) * grad s.
+    The sampling log-prob is never read: a token sampled by older weights (pipeline one_step_off,
+    pool) is trained as if the current student had sampled it. TCOD's clip (0.2) and dual clip (3)
+    never bind on a ratio of 1 (each of its 64-row updates recomputes its old log-probs first), so
+    none is taken here."""
+    proximal = student_logprobs.detach()
+    return -torch.exp(student_logprobs - proximal) * (teacher_logprobs - proximal).detach()
+
+
+@estimator("k1_decoupled", lambda x, o: (x.student, x.proximal, x.sampling, x.teacher, o.clip_eps, o.dual_clip,
+                                          o.behave_weight_cap),
+           needs_sampling_logprobs=True, needs_proximal_logprobs=True)
+def k1_decoupled_loss(student_logprobs: torch.Tensor, proximal_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+                      teacher_logprobs: torch.Tensor, clip_eps: float | None = None, dual_clip: float | None = None,
+                      behave_weight_cap: float | None = None) -> torch.Tensor:
+    """Decoupled PPO (AReaL's `ppo_actor_loss_fn` with use_decoupled_loss, as AsyncWebRL runs it) on
+    OPD's reward, all [n]:
+
+    A = T - s_prox, ratio = exp(s - s_prox) = pi_theta / pi_prox, l = b * `ppo_surrogate`(ratio, A),
+    b = exp(s_prox - s_old) = pi_prox / pi_behave (detached, unclipped): the clip acts on
+    pi_theta / pi_prox, the behaviour weight corrects the sampling. s_prox is the student's log-prob
+    under the weights the trainer's step started from: the step's own forward when it is one update
+    (ratio 1, the behaviour weight alone acts), a forward before the first when it takes several
+    (trainer.turn_rows_per_update; AReaL recomputes it once per batch of ppo_n_minibatches updates).
+    With behave_weight_cap, tokens with b > cap get b = 0: dropped from the gradient, still counted
+    in the loss mode's denominators (AReaL's behav_mask)."""
+    proximal = proximal_logprobs.detach()
+    behaviour = torch.exp(proximal - old_logprobs).detach()
+    if behave_weight_cap is not None:
+        behaviour = torch.where(behaviour <= behave_weight_cap, behaviour, torch.zeros_like(behaviour))
+    surrogate = ppo_surrogate(torch.exp(student_logprobs - proximal), (teacher_logprobs - proximal).detach(),
+                              clip_eps, dual_clip)
+    return behaviour * surrogate
 
 
 @estimator("k3", lambda x, o: (x.student, x.teacher))

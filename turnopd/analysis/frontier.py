@@ -1,6 +1,6 @@
 """Accuracy-vs-wall-clock comparison of runs: the math behind `turnopd frontier` and `turnopd sweep`.
 
-Definitions (DESIGN.md, Metrics). "x" is a point on the compared axis: the optimizer step, or the
+Definitions (docs/algorithm.md, Metrics). "x" is a point on the compared axis: the optimizer step, or the
 training wall-clock (seconds of the ledger's training clock, which excludes eval and checkpoint).
 - A run's evaluations are points (step, training wall-clock, Avg@k). Between evaluations accuracy
   is step-wise ("step-wise interpolation"): at x it is the Avg@k of the last evaluation at or before
@@ -26,6 +26,20 @@ training wall-clock (seconds of the ledger's training clock, which excludes eval
   seed); a speedup or work ratio resamples each group's seeds. The final Avg@k is the final
   sampled evaluation ("final_eval", eval.final_k samples per task) where the run has one, else its
   last evaluation.
+- Over seeds (t): beside the bootstrap, each group's final Avg@k and its difference from the
+  baseline, paired by seed (the seeds both ran), get the t interval over seeds, mean +- t(0.975,
+  n-1) s / sqrt(n): with few seeds a percentile bootstrap over seeds is too narrow. The smallest
+  effect the seeds could detect (two-sided 5%, power 80%) is (t(0.975, n-1) + t(0.80, n-1)) s / sqrt(n)
+  with s the paired differences' standard deviation. Per seed, the clock ratio and each work ratio
+  (the baseline seed's whole run over this run's: at equal steps) with their t interval.
+- Equal budget: per seed, this run's last evaluation within the baseline seed's budget, in training
+  clock (its evaluations up to the baseline's training clock) and in work (up to the baseline's
+  cumulative env steps, or another WORK measure), against the baseline's last evaluation, paired
+  by seed with the t interval.
+- Non-inferiority at a margin M (points, given before the runs): non-inferior when the t interval
+  of the final difference lies above -M, inferior when it lies below -M, else inconclusive.
+- Random streams: each group's resamples come from its own stream, seeded by the seed and the
+  group's run names, so the order of the run folders does not change any interval.
 - Seeds: runs of the same method and recipe (their config.yaml equal up to name, seed and
   output_dir) with distinct seeds form a group. A group's accuracy at x is the mean over its
   evaluated seeds of their step-wise accuracies, from the first x at which every such seed has been
@@ -41,6 +55,7 @@ import json
 import math
 import statistics
 import warnings
+import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -52,7 +67,7 @@ from omegaconf import OmegaConf
 
 from turnopd.core.ledger import EXCLUDED_FROM_TRAINING
 from turnopd.core.methods import method_of
-from turnopd.core.metrics import read_metrics
+from turnopd.core.metrics import StepRecord, read_metrics
 
 Axis = Literal["time", "step"]
 
@@ -83,7 +98,7 @@ class EvalPoint:
 
 
 @dataclass
-class Run:
+class SavedRun:
     """One run folder's metrics.jsonl, parsed."""
 
     name: str  # the folder's name (runs/<name>, or <name>-2 when distill found the name taken)
@@ -91,7 +106,7 @@ class Run:
     method: str
     seed: int | None
     total_steps: int | None
-    train: list[dict[str, Any]]
+    train: list[StepRecord]
     evals: list[EvalPoint]  # sorted by step, one per step
     eval_time_s: float  # all evaluations, outside the training clock
     k: int | None
@@ -100,6 +115,7 @@ class Run:
     final_eval: EvalPoint | None = None  # the final sampled evaluation, when the run made one
     teacher: float | None = None  # the teacher's Avg@k on the same tasks
     models: dict[str, dict[str, Any]] = field(default_factory=dict)  # the start record's: {role: {path, weights}}
+    budget_step: int | None = None  # the step at which trainer.budget ended the run
 
     @property
     def final(self) -> EvalPoint | None:
@@ -108,22 +124,22 @@ class Run:
 
     def work_by(self, step: float) -> dict[str, float]:
         """Cumulative work of the train records up to `step`."""
-        return {key: float(sum(r.get(key) or 0 for r in self.train if r["step"] <= step)) for key in WORK}
+        return {key: float(sum(getattr(r, key) or 0 for r in self.train if r.step <= step)) for key in WORK}
 
     @property
     def steps_done(self) -> int:
-        return max([r["step"] for r in self.train] + [e.step for e in self.evals], default=0)
+        return max([r.step for r in self.train] + [e.step for e in self.evals], default=0)
 
     @property
     def train_time_s(self) -> float:
-        times = [r["train_time_s"] for r in self.train] + [e.train_time_s for e in self.evals]
+        times = [r.train_time_s for r in self.train] + [e.train_time_s for e in self.evals]
         return max(times, default=0.0)
 
     @property
     def complete(self) -> bool:
-        """All steps trained and the final evaluation written."""
-        return (self.total_steps is not None and bool(self.evals)
-                and self.steps_done >= self.total_steps and self.evals[-1].step >= self.total_steps)
+        """All steps trained (or the training budget reached) and the final evaluation written."""
+        last = self.budget_step or self.total_steps
+        return last is not None and bool(self.evals) and self.steps_done >= last and self.evals[-1].step >= last
 
     def extent(self, by: Axis) -> float:
         return self.train_time_s if by == "time" else self.steps_done
@@ -135,7 +151,7 @@ def _required(record: dict[str, Any], key: str, where: str) -> Any:
     return record[key]
 
 
-def load_run(run_dir: str | Path) -> Run:
+def load_run(run_dir: str | Path) -> SavedRun:
     """Read a run folder (runs/<name>, possibly still being written)."""
     path = Path(run_dir)
     metrics_path = path / "metrics.jsonl"
@@ -150,10 +166,10 @@ def load_run(run_dir: str | Path) -> Run:
     if len({json.dumps(r["models"], sort_keys=True) for r in starts if r.get("models")}) > 1:
         warnings.warn(f"{where}: its starts name different model weights (resumed on another build): "
                       f"{starts[0].get('models')} then {start.get('models')}", stacklevel=2)
-    train = sorted((r for r in records if r.get("kind") == "train"),
-                   key=lambda r: _required(r, "step", where))
-    for r in train:
-        _required(r, "train_time_s", where)
+    train_records = [r for r in records if r.get("kind") == "train"]
+    for r in train_records:
+        _required(r, "step", where), _required(r, "train_time_s", where)
+    train = sorted(map(StepRecord.from_json, train_records), key=lambda r: r.step)
 
     eval_records = [r for r in records if r.get("kind") == "eval"]
     split = eval_records[-1].get("split") if eval_records else None
@@ -184,12 +200,14 @@ def load_run(run_dir: str | Path) -> Run:
     final_eval = (EvalPoint(finals[-1]["step"], float(finals[-1]["train_time_s"]), float(finals[-1]["avg_at_k"]),
                             finals[-1].get("per_task") or {}) if finals else None)
     teachers = [r for r in records if r.get("kind") == "teacher_eval"]
-    return Run(
+    budget = [r["step"] for r in records if r.get("kind") == "budget_reached"]
+    return SavedRun(
         name=path.name, path=path, method=method or "unknown", seed=seed,
         total_steps=start.get("total_steps"), train=train, evals=[by_step[s] for s in sorted(by_step)],
         eval_time_s=eval_time_s, k=eval_records[-1].get("k") if eval_records else None, split=split,
         recipe_key=recipe_key, final_eval=final_eval,
         teacher=float(teachers[-1]["avg_at_k"]) if teachers else None, models=start.get("models") or {},
+        budget_step=budget[-1] if budget else None,
     )
 
 
@@ -213,12 +231,12 @@ def accuracy_at(evals: Sequence[EvalPoint], x: float, by: Axis) -> float | None:
     return value
 
 
-def same_step(runs: Sequence[Run]) -> int:
+def same_step(runs: Sequence[SavedRun]) -> int:
     """The largest step every run has reached."""
     return min(run.steps_done for run in runs)
 
 
-def least_time(runs: Sequence[Run]) -> float:
+def least_time(runs: Sequence[SavedRun]) -> float:
     """The shortest training wall-clock any run needed for its steps."""
     return min(run.train_time_s for run in runs)
 
@@ -275,6 +293,108 @@ def time_to_reach(curve: Sequence[CurvePoint], target: float) -> float | None:
     return reached
 
 
+# Student t quantiles for df = 1..30 (past 30 the normal's, within 2%): the two-sided 95% interval's
+# t(0.975, df), and t(0.80, df) for 80% power
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+T_80 = (1.376, 1.061, 0.978, 0.941, 0.920, 0.906, 0.896, 0.889, 0.883, 0.879, 0.876, 0.873, 0.870, 0.868, 0.866,
+        0.865, 0.863, 0.862, 0.861, 0.860, 0.859, 0.858, 0.858, 0.857, 0.856, 0.856, 0.855, 0.855, 0.854, 0.854)
+
+
+def _t(table: tuple[float, ...], normal: float, df: int) -> float:
+    return table[df - 1] if df <= len(table) else normal
+
+
+def t_interval(values: Sequence[float]) -> Interval | None:
+    """Mean of per-seed values with its 95% t interval, mean +- t(0.975, n-1) s / sqrt(n); None for
+    fewer than 2 values."""
+    n = len(values)
+    if n < 2:
+        return None
+    mean, half = statistics.fmean(values), _t(T_975, 1.960, n - 1) * statistics.stdev(values) / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half)
+
+
+def detectable_effect(differences: Sequence[float]) -> float | None:
+    """The smallest true mean difference a two-sided 5% t test over these paired differences detects
+    with 80% power: (t(0.975, n-1) + t(0.80, n-1)) s / sqrt(n); None for fewer than 2."""
+    n = len(differences)
+    if n < 2:
+        return None
+    return (_t(T_975, 1.960, n - 1) + _t(T_80, 0.842, n - 1)) * statistics.stdev(differences) / math.sqrt(n)
+
+
+def non_inferiority(difference: Interval | None, margin: float) -> str | None:
+    """The verdict at margin `margin` (same units as the difference) from its interval."""
+    if difference is None:
+        return None
+    if difference.lo > -margin:
+        return "non-inferior"
+    if difference.hi < -margin:
+        return "inferior"
+    return "inconclusive"
+
+
+def group_stream(seed: int, group: RunGroup) -> np.random.Generator:
+    """The group's own random stream: the same whatever order its runs and the others were given in."""
+    return np.random.default_rng([seed, zlib.crc32("|".join(sorted(run.name for run in group.runs)).encode())])
+
+
+def paired_by_seed(runs: Sequence[SavedRun], base: Sequence[SavedRun]) -> list[tuple[SavedRun, SavedRun]]:
+    """(run, baseline run) of each seed both groups ran, in seed order."""
+    theirs = {run.seed: run for run in base}
+    return [(run, theirs[run.seed]) for run in sorted(runs, key=lambda r: r.seed) if run.seed in theirs]
+
+
+def last_evaluation_within(run: SavedRun, budget: float, unit: str) -> float | None:
+    """Avg@k of the run's last evaluation whose training clock (unit "train_time_s") or cumulative
+    work by its step (a WORK unit) is within `budget`; None when none is."""
+    within = [e for e in run.evals if (e.train_time_s if unit == "train_time_s" else run.work_by(e.step)[unit])
+              <= budget + ACCURACY_TOLERANCE]
+    return within[-1].avg_at_k if within else None
+
+
+@dataclass
+class SeedComparison:
+    """Against the baseline, paired by seed: differences and ratios with their t intervals."""
+
+    seeds: list[int]
+    final: Interval | None  # this group's final Avg@k over seeds
+    difference: Interval | None  # final minus the baseline's
+    detectable: float | None  # the smallest difference these seeds could detect
+    clock_ratio: list[float]  # per seed: the baseline's training clock / this one's (whole runs)
+    clock_ratio_interval: Interval | None
+    work_ratio: dict[str, Interval]  # per WORK key: the baseline's work / this one's (whole runs)
+    equal_clock: Interval | None  # last evaluation within the baseline's clock minus the baseline's last
+    equal_work: Interval | None  # the same within the baseline's work (`work_unit`)
+    work_unit: str
+    verdict: str | None = None  # non-inferiority at the margin given
+
+
+def compare_by_seed(runs: Sequence[SavedRun], base: Sequence[SavedRun], work_unit: str = "env_steps",
+                    margin: float | None = None) -> SeedComparison:
+    """The paired-by-seed figures of a group against the baseline group (module docstring)."""
+    pairs = [(a, b) for a, b in paired_by_seed(runs, base) if a.final and b.final]
+    differences = [a.final.avg_at_k - b.final.avg_at_k for a, b in pairs]
+    finals = [run.final.avg_at_k for run in runs if run.final]
+
+    def equal_budget(unit: str) -> Interval | None:
+        values = [(last_evaluation_within(a, b.train_time_s if unit == "train_time_s" else b.work_by(math.inf)[unit],
+                                          unit), b.evals[-1].avg_at_k) for a, b in pairs if b.evals]
+        return t_interval([mine - theirs for mine, theirs in values if mine is not None])
+
+    clock = [b.train_time_s / a.train_time_s for a, b in pairs if a.train_time_s > 0]
+    work = {key: t_interval([b.work_by(math.inf)[key] / a.work_by(math.inf)[key] for a, b in pairs
+                             if a.work_by(math.inf)[key] > 0]) for key in WORK}
+    difference = t_interval(differences)
+    return SeedComparison(
+        seeds=[a.seed for a, _ in pairs], final=t_interval(finals), difference=difference,
+        detectable=detectable_effect(differences), clock_ratio=clock, clock_ratio_interval=t_interval(clock),
+        work_ratio={key: interval for key, interval in work.items() if interval is not None},
+        equal_clock=equal_budget("train_time_s"), equal_work=equal_budget(work_unit), work_unit=work_unit,
+        verdict=non_inferiority(difference, margin) if margin is not None else None)
+
+
 def percentile_interval(values: Sequence[float]) -> tuple[float, float]:
     """The central CONFIDENCE interval of bootstrap values (numpy's linear percentiles)."""
     lo, hi = np.percentile(np.asarray(values, dtype=float), [50 * (1 - CONFIDENCE), 50 * (1 + CONFIDENCE)])
@@ -327,12 +447,12 @@ def bootstrap_difference(finals: dict[Any, EvalPoint], base: dict[Any, EvalPoint
     return Interval(float(a.mean() - b.mean()), *percentile_interval(stats))
 
 
-def reach_curve(runs: Sequence[Run], by: Axis) -> list[CurvePoint]:
+def reach_curve(runs: Sequence[SavedRun], by: Axis) -> list[CurvePoint]:
     """The seed-mean curve without the step-0 evaluations (a start never counts as reaching)."""
     return mean_curve([[e for e in run.evals if e.step > 0] for run in runs], by)
 
 
-def reach(runs: Sequence[Run], target: float) -> tuple[float | None, dict[str, float] | None]:
+def reach(runs: Sequence[SavedRun], target: float) -> tuple[float | None, dict[str, float] | None]:
     """(training time, mean cumulative work by that step) when the seed-mean curve reaches the
     target and holds it; (None, None) when it never does."""
     time = time_to_reach(reach_curve(runs, "time"), target)
@@ -343,7 +463,7 @@ def reach(runs: Sequence[Run], target: float) -> tuple[float | None, dict[str, f
     return time, {key: statistics.fmean(w[key] for w in works) for key in WORK}
 
 
-def bootstrap_ratios(runs: Sequence[Run], base: Sequence[Run], target: float,
+def bootstrap_ratios(runs: Sequence[SavedRun], base: Sequence[SavedRun], target: float,
                      rng: np.random.Generator) -> dict[str, list[float]]:
     """Resampled (seeds of each group) speedup ("time") and work ratios (per WORK key): each the
     baseline's cost to reach the target over the run's; a resample where either never reaches it
@@ -383,7 +503,7 @@ def pareto_front(points: Iterable[tuple[float, float]]) -> list[tuple[float, flo
     return front
 
 
-def _pooled_shares(runs: Sequence[Run], field: str) -> dict[str, float]:
+def _pooled_shares(runs: Sequence[SavedRun], field: str) -> dict[str, float]:
     """Share of the pooled training clock of each entry of the train records' `field`."""
     total = sum(run.train_time_s for run in runs)
     if total <= 0:
@@ -391,13 +511,13 @@ def _pooled_shares(runs: Sequence[Run], field: str) -> dict[str, float]:
     seconds: dict[str, float] = {}
     for run in runs:
         for record in run.train:
-            for name, s in (record.get(field) or {}).items():
+            for name, s in getattr(record, field).items():
                 if name not in EXCLUDED_FROM_TRAINING:
                     seconds[name] = seconds.get(name, 0.0) + s
     return {name: s / total for name, s in seconds.items()}
 
 
-def phase_shares(runs: Sequence[Run]) -> dict[str, float]:
+def phase_shares(runs: Sequence[SavedRun]) -> dict[str, float]:
     """Share of the pooled training clock per ledger phase (eval and checkpoint are outside it);
     "other" is what no phase covers (loop overhead)."""
     shares = _pooled_shares(runs, "phases")
@@ -406,20 +526,20 @@ def phase_shares(runs: Sequence[Run]) -> dict[str, float]:
     return shares
 
 
-def busy_shares(runs: Sequence[Run]) -> dict[str, float]:
+def busy_shares(runs: Sequence[SavedRun]) -> dict[str, float]:
     """Share of the pooled training clock each resource (generation, env, teacher, trainer) was busy;
     resources work at the same time, so the shares overlap and may add up to more than 100%."""
     return _pooled_shares(runs, "busy")
 
 
-def mean_of_field(runs: Sequence[Run], key: str) -> float | None:
+def mean_of_field(runs: Sequence[SavedRun], key: str) -> float | None:
     """Mean over all train records of the runs of a numeric field (missing, None or NaN skipped)."""
-    values = [r.get(key) for run in runs for r in run.train]
+    values = [getattr(r, key) for run in runs for r in run.train]
     numbers = [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
     return statistics.fmean(numbers) if numbers else None
 
 
-def turn_kl_bands(runs: Sequence[Run], width: int, signal: str | None = None) -> list[float]:
+def turn_kl_bands(runs: Sequence[SavedRun], width: int, signal: str | None = None) -> list[float]:
     """The per-turn KL profile (or, with `signal`, that familiarity signal's profile in
     `turn_signal_profiles`) in bands of `width` turns (turns [0, width), [width, 2 width), ...): for
     band b, the mean over the runs' train records of their profile entries t with
@@ -428,8 +548,7 @@ def turn_kl_bands(runs: Sequence[Run], width: int, signal: str | None = None) ->
     by_band: dict[int, list[float]] = defaultdict(list)
     for run in runs:
         for record in run.train:
-            profile = (record.get("turn_kl_profile") if signal is None
-                       else (record.get("turn_signal_profiles") or {}).get(signal))
+            profile = record.turn_kl_profile if signal is None else record.turn_signal_profiles.get(signal)
             for t, value in enumerate(profile or []):
                 by_band[t // width].append(value)
     return [statistics.fmean(by_band[b]) if by_band[b] else math.nan for b in range(max(by_band, default=-1) + 1)]
@@ -444,13 +563,13 @@ class RunGroup:
 
     label: str
     method: str
-    runs: list[Run]
+    runs: list[SavedRun]
 
     def curve(self, by: Axis) -> list[CurvePoint]:
         return mean_curve([run.evals for run in self.runs], by)
 
 
-def mixed_builds(runs: Sequence[Run]) -> list[str]:
+def mixed_builds(runs: Sequence[SavedRun]) -> list[str]:
     """One line per model folder that the runs name with more than one weights fingerprint (start
     records' `models`): runs of different builds of one folder are not paired replicates, however
     alike their configs (runs without fingerprints, older ones, are not checked)."""
@@ -464,7 +583,7 @@ def mixed_builds(runs: Sequence[Run]) -> list[str]:
             for (role, path), by_weights in builds.items() if len(by_weights) > 1]
 
 
-def group_runs(runs: Sequence[Run]) -> list[RunGroup]:
+def group_runs(runs: Sequence[SavedRun]) -> list[RunGroup]:
     """Groups in order of first appearance, seeds in order. Runs of one method and recipe whose
     seeds repeat (or are unknown) are not replicates and stay single. A group of several seeds is
     labelled by its method, a single run by its name; a label already taken gets the first run's
@@ -473,10 +592,10 @@ def group_runs(runs: Sequence[Run]) -> list[RunGroup]:
     if len(set(folders)) < len(folders):
         twice = sorted({str(f) for f in folders if folders.count(f) > 1})
         raise FrontierError(f"run folders given twice: {', '.join(twice)}")
-    grouped: dict[tuple[str, str | None], list[Run]] = {}
+    grouped: dict[tuple[str, str | None], list[SavedRun]] = {}
     for run in runs:
         grouped.setdefault((run.method, run.recipe_key), []).append(run)
-    replicate_sets: list[list[Run]] = []
+    replicate_sets: list[list[SavedRun]] = []
     for members in grouped.values():
         seeds = [run.seed for run in members]
         if None in seeds or len(set(seeds)) < len(seeds):  # not seed replicates: compare them one by one
@@ -539,6 +658,7 @@ class GroupSummary:
     work: dict[str, float] = field(default_factory=dict)  # per seed, the whole run
     work_ratio: dict[str, Interval] = field(default_factory=dict)  # the baseline's work to target / this one's
     teacher: float | None = None
+    by_seed: SeedComparison | None = None  # paired by seed against the baseline (None for the baseline)
 
 
 @dataclass
@@ -550,14 +670,16 @@ class Comparison:
     least_time_run: str  # the run that set the Least-Time point
     target: float | None  # the baseline's last evaluation along the way (seed mean)
     baseline_time_s: float | None  # when the baseline first reached it
+    margin: float | None = None  # the non-inferiority margin given (Avg@k units, 0..1)
 
 
-def compare(runs: Sequence[Run], baseline: str | None = None, seed: int = 0) -> Comparison:
+def compare(runs: Sequence[SavedRun], baseline: str | None = None, seed: int = 0, margin: float | None = None,
+            work_unit: str = "env_steps") -> Comparison:
     """Every figure of the frontier tables, for the runs grouped by method and recipe (intervals
-    from bootstrap resamples drawn with `seed`)."""
+    from bootstrap resamples drawn with `seed`, a stream per group); `margin` (Avg@k units) gives
+    each group a non-inferiority verdict against the baseline, `work_unit` the equal-work budget's unit."""
     if not runs:
         raise FrontierError("no runs to compare")
-    rng = np.random.default_rng(seed)
     groups = group_runs(runs)
     base = resolve_baseline(groups, baseline)
     step_point, time_point = same_step(runs), least_time(runs)
@@ -571,7 +693,7 @@ def compare(runs: Sequence[Run], baseline: str | None = None, seed: int = 0) -> 
 
     rows = []
     for group in groups:
-        members = group.runs
+        members, rng = group.runs, group_stream(seed, group)
         reach_time, reach_work = reach(members, target) if target is not None else (None, None)
         ratios = bootstrap_ratios(members, base.runs, target, rng) if target is not None and group is not base else {}
         finals = {run.seed: run.final for run in members if run.final}
@@ -602,13 +724,14 @@ def compare(runs: Sequence[Run], baseline: str | None = None, seed: int = 0) -> 
             work={key: statistics.fmean(run.work_by(math.inf)[key] for run in members) for key in WORK},
             work_ratio=work_ratio,
             teacher=mean_of_values(run.teacher for run in members),
+            by_seed=compare_by_seed(members, base.runs, work_unit, margin) if group is not base else None,
         ))
-    return Comparison(rows, base, step_point, time_point, fastest.name, target, base_time)
+    return Comparison(rows, base, step_point, time_point, fastest.name, target, base_time, margin)
 
 
-def logged_signals(runs: Sequence[Run]) -> list[str]:
+def logged_signals(runs: Sequence[SavedRun]) -> list[str]:
     """The familiarity signals the runs' train records carry profiles of."""
-    return sorted({name for run in runs for record in run.train for name in record.get("turn_signal_profiles") or {}})
+    return sorted({name for run in runs for record in run.train for name in record.turn_signal_profiles})
 
 
 def mean_of_values(values: Iterable[float | None]) -> float | None:

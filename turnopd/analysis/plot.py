@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
-from turnopd.analysis.frontier import Axis, Comparison, Run, compare, load_run, pareto_front
+from turnopd.analysis.frontier import Axis, Comparison, SavedRun, compare, load_run, pareto_front
 
 INTERPOLATION_NOTE = "step-wise interpolation: between evaluations, the last evaluation's Avg@k"
 
 
-def metric_name(runs: Sequence[Run]) -> str:
+def metric_name(runs: Sequence[SavedRun]) -> str:
     ks = {run.k for run in runs if run.k is not None}
     return f"Avg@{ks.pop()}" if len(ks) == 1 else "Avg@k"
 
@@ -30,7 +30,7 @@ def _x_scale(by: Axis, extent: float) -> tuple[float, str]:
     return 1.0, "training wall-clock (s)"
 
 
-def plot_frontier(cmp: Comparison, runs: Sequence[Run], by: Axis, out: Path) -> None:
+def plot_frontier(cmp: Comparison, runs: Sequence[SavedRun], by: Axis, out: Path) -> None:
     """Panel 1: accuracy vs x per group (seed mean, ± std band across seeds), the teacher's accuracy
     and the Pareto frontier of the plotted points; panel 2: each run's rollout-depth cap (solid;
     probe steps, played at full depth, as triangles) and alpha (dashed, right axis)."""
@@ -64,13 +64,13 @@ def plot_frontier(cmp: Comparison, runs: Sequence[Run], by: Axis, out: Path) -> 
                                     linewidth=0)
             points += [(p.x, p.mean) for p in curve]
         for run in members:
-            x = [(r["train_time_s"] if by == "time" else r["step"]) / scale for r in run.train]
+            x = [(r.train_time_s if by == "time" else r.step) / scale for r in run.train]
             # a probe step plays at full depth: a mark, not a spike of the cap line
-            caps = [r.get("rollout_depth_cap") if not r.get("probed") else None for r in run.train]
-            alphas = [r.get("alpha") for r in run.train]
+            caps = [None if r.probed else r.rollout_depth_cap for r in run.train]
+            alphas = [r.alpha for r in run.train]
             depth_ax.step(x, [c if c is not None else float("nan") for c in caps], where="post", color=color,
                           linewidth=1, alpha=0.8)
-            probes = [(xi, r.get("rollout_depth_cap")) for xi, r in zip(x, run.train, strict=True) if r.get("probed")]
+            probes = [(xi, r.rollout_depth_cap) for xi, r in zip(x, run.train, strict=True) if r.probed]
             if probes:
                 depth_ax.plot(*zip(*probes, strict=True), "v", color=color, markersize=4, alpha=0.8)
             alpha_ax.plot(x, [a if a is not None else float("nan") for a in alphas], "--", color=color,

@@ -21,7 +21,7 @@ MANUAL = {
     "webshop": "the 1.18M-product catalog: run WebShop's setup.sh (github.com/princeton-nlp/WebShop) "
                "and convert items_shuffle.json + items_ins_v2.json into products_*.jsonl / items_ins_v2_*.json",
     "multihop": "full HotpotQA / 2WikiMultihopQA / MuSiQue dev sets from their project pages, in the "
-                "format of ../shared/data/multihop (question, answer, golden paragraphs)",
+                "format of the data folder's multihop (question, answer, golden paragraphs)",
 }
 
 

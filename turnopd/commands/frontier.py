@@ -25,7 +25,7 @@ from turnopd.analysis.frontier import (
     FrontierError,
     Interval,
     MeanSpread,
-    Run,
+    SavedRun,
     compare,
     load_run,
     mixed_builds,
@@ -77,7 +77,7 @@ def _number(value: float | None) -> str:
     return "–" if value is None else f"{value:.1f}"
 
 
-def _steps(runs: Sequence[Run]) -> str:
+def _steps(runs: Sequence[SavedRun]) -> str:
     done = min(run.steps_done for run in runs)
     totals = {run.total_steps for run in runs}
     total = max((t for t in totals if t is not None), default=None)
@@ -104,7 +104,7 @@ def _ratio(value: float | None, interval: tuple[float, float] | None, reached: f
     return text
 
 
-def accuracy_table(cmp: Comparison, runs: Sequence[Run]) -> tuple[str, list[str], Rows]:
+def accuracy_table(cmp: Comparison, runs: Sequence[SavedRun]) -> tuple[str, list[str], Rows]:
     """Title, headers and rows; the method column only when some run label does not say it."""
     show_method = any(row.group.label != row.group.method for row in cmp.rows)
     target = "–" if cmp.target is None else f"{100 * cmp.target:.1f}%"
@@ -145,6 +145,33 @@ def work_table(cmp: Comparison) -> tuple[str, list[str], Rows]:
                 if w in row.work_ratio else "–")
                for w in WORK)] for row in cmp.rows]
     return "Work done (tokens and env steps) and the baseline's work to its accuracy over this run's", headers, rows
+
+
+def seed_table(cmp: Comparison) -> tuple[str, list[str], Rows]:
+    """Against the baseline, paired by seed, with t intervals over seeds: the final difference and
+    the smallest one these seeds could detect, accuracy at the baseline's budget (clock and work),
+    per-seed clock and work ratios, and the non-inferiority verdict at the margin given."""
+    unit = next((row.by_seed.work_unit for row in cmp.rows if row.by_seed), "env_steps").replace("_", " ")
+    headers = ["run", "seeds", "final [t 95%]", "vs baseline [t 95%]", "detectable (80% power)",
+               "at baseline's clock vs its last", f"at baseline's {unit} vs its last", "clock ratio per seed",
+               "clock ratio [t 95%]", f"{unit} ratio [t 95%]"]
+    if cmp.margin is not None:
+        headers.append(f"non-inferior at {100 * cmp.margin:g} points?")
+    rows = []
+    for row in cmp.rows:
+        s = row.by_seed
+        if s is None:
+            continue
+        work = s.work_ratio.get(s.work_unit)
+        rows.append([row.group.label, " ".join(map(str, s.seeds)), _interval(s.final), _interval(s.difference, True),
+                     "–" if s.detectable is None else f"{100 * s.detectable:.1f}", _interval(s.equal_clock, True),
+                     _interval(s.equal_work, True), " ".join(f"{r:.2f}" for r in s.clock_ratio),
+                     _ratio(s.clock_ratio_interval.value, (s.clock_ratio_interval.lo, s.clock_ratio_interval.hi), None)
+                     if s.clock_ratio_interval else "–",
+                     _ratio(work.value, (work.lo, work.hi), None) if work else "–",
+                     *([s.verdict or "–"] if cmp.margin is not None else [])])
+    return (f"Paired by seed against {cmp.baseline.label} (t intervals over seeds; ratios: the baseline's whole "
+            "run over this one's)", headers, rows)
 
 
 def cost_table(cmp: Comparison) -> tuple[str, list[str], Rows]:
@@ -193,7 +220,7 @@ def familiarity_table(cmp: Comparison) -> tuple[str, list[str], Rows]:
             "in nats per token, higher is familiar; action_entropy in nats, lower is surer)", headers, rows)
 
 
-def notes(cmp: Comparison, runs: Sequence[Run]) -> list[str]:
+def notes(cmp: Comparison, runs: Sequence[SavedRun]) -> list[str]:
     splits = sorted({run.split for run in runs if run.split})
     lines = [
         f"{metric_name(runs)} on {', '.join(splits) or 'no evaluation yet'}, in %; a method with several "
@@ -212,6 +239,13 @@ def notes(cmp: Comparison, runs: Sequence[Run]) -> list[str]:
                      "stays at or above it; work ratios the same with the work done by then; intervals over "
                      "resampled seeds. The clock on a shared 2-core machine moves ~8% between identical runs; "
                      "the work measures do not.")
+    lines.append("paired by seed: over the seeds both groups ran, mean with its 95% t interval over seeds (with "
+                 "few seeds a bootstrap over seeds is too narrow); detectable: the smallest true difference a "
+                 "two-sided 5% t test on these seeds finds with 80% power; at the baseline's clock / work: each "
+                 "seed's last evaluation within the baseline seed's training clock / work, minus the baseline's "
+                 "last evaluation; ratios: the baseline seed's whole run over this one's (at equal steps)."
+                 + (f" Non-inferior at {100 * cmp.margin:g} points: the t interval of the final difference lies above "
+                    f"-{100 * cmp.margin:g}; inferior: below it; else inconclusive." if cmp.margin is not None else ""))
     lines.append("cap, turns, deep share: means over training steps of the rollout-depth cap, the turns "
                  "per episode and the deep-turn loss share; eval time: per run, outside the training "
                  "clock; phase columns: share of the training clock (the loop's own phases, which add up); busy "
@@ -229,8 +263,8 @@ def _markdown(headers: list[str], rows: Rows) -> str:
     return "\n".join(lines)
 
 
-def print_report(cmp: Comparison, runs: Sequence[Run], md: bool) -> None:
-    tables = [accuracy_table(cmp, runs), work_table(cmp), cost_table(cmp), turn_kl_table(cmp)]
+def print_report(cmp: Comparison, runs: Sequence[SavedRun], md: bool) -> None:
+    tables = [accuracy_table(cmp, runs), work_table(cmp), seed_table(cmp), cost_table(cmp), turn_kl_table(cmp)]
     if any(row.turn_signal_bands for row in cmp.rows):
         tables.append(familiarity_table(cmp))
     if md:
@@ -254,10 +288,11 @@ def print_report(cmp: Comparison, runs: Sequence[Run], md: bool) -> None:
 # ---- commands ---------------------------------------------------------------------------------------
 
 
-def report(run_dirs: Sequence[str | Path], baseline: str | None, md: bool, by: Axis, out: Path) -> None:
-    """Tables on stdout and the PNG at `out`, for the given run folders."""
+def report(run_dirs: Sequence[str | Path], baseline: str | None, md: bool, by: Axis, out: Path,
+           margin: float | None = None, work_unit: str = "env_steps") -> None:
+    """Tables on stdout and the PNG at `out`, for the given run folders (`margin` in points)."""
     runs = [load_run(d) for d in run_dirs]
-    cmp = compare(runs, baseline)
+    cmp = compare(runs, baseline, margin=None if margin is None else margin / 100, work_unit=work_unit)
     print_report(cmp, runs, md)
     plot_frontier(cmp, runs, by, out)
     print(f"plot: {out}")
@@ -271,7 +306,7 @@ def _default_plot_path(run_dirs: Sequence[str], by: Axis) -> Path:
 def frontier(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _default_plot_path(args.runs, args.by)
     try:
-        report(args.runs, args.baseline, args.md, args.by, out)
+        report(args.runs, args.baseline, args.md, args.by, out, args.margin, args.work_unit)
     except FrontierError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -317,7 +352,7 @@ def sweep(args: argparse.Namespace) -> int:
     if with_metrics:
         out = Path(args.out) if args.out else Path(args.out_dir) / f"{name}-frontier.png"
         try:
-            report(with_metrics, args.baseline, args.md, args.by, out)
+            report(with_metrics, args.baseline, args.md, args.by, out, args.margin, args.work_unit)
         except FrontierError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -335,6 +370,11 @@ def _add_report_args(p: argparse.ArgumentParser) -> None:
                    help="x-axis of the plot: training wall-clock (default) or optimizer steps")
     p.add_argument("--out", metavar="PNG", help="where to save the plot (frontier: beside the first run; "
                    "sweep: OUT_DIR/<name>-frontier.png)")
+    p.add_argument("--margin", type=float, metavar="POINTS",
+                   help="non-inferiority margin in accuracy points, fixed before the runs: each method is "
+                        "non-inferior to the baseline when the t interval of its final difference lies above -POINTS")
+    p.add_argument("--work-unit", choices=WORK, default="env_steps",
+                   help="the work measure of the equal-budget comparison (default: env_steps)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from turnopd.config import RecipeError, to_yaml
 from turnopd.orchestration.recipe import load_recipe
+
+if TYPE_CHECKING:
+    from turnopd.core.interrupt import RunStopped
 
 
 def _add_recipe_args(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +49,7 @@ def distill(args: argparse.Namespace) -> int:
         return 0
     from turnopd.core.distributed import rank_and_world
     from turnopd.core.faults import DiskFull
+    from turnopd.core.interrupt import RunStopped
     from turnopd.orchestration.distill import EnvFailed, run_distillation
     from turnopd.orchestration.pipeline import GeneratorError
     from turnopd.trainer import TrainingDiverged
@@ -53,9 +59,22 @@ def distill(args: argparse.Namespace) -> int:
     except (EnvFailed, GeneratorError, TrainingDiverged, DiskFull) as exc:  # the run's own verdict: no traceback needed
         print(f"error: the run stopped: {exc}", file=sys.stderr)
         return 1
+    except RunStopped as stopped:
+        if rank_and_world()[0] == 0:
+            print(stopped_line(stopped, args, rank_and_world()[1]), file=sys.stderr, flush=True)
+        return stopped.exit_code
     if rank_and_world()[0] == 0:  # drawn by the run's log at its end (and sent to its trackers)
         print(f"frontier plot (held-out success vs training wall-clock): {Path(summary['run_dir']) / 'frontier.png'}")
     return 0
+
+
+def stopped_line(stopped: RunStopped, args: argparse.Namespace, world_size: int) -> str:
+    """One line for a run a signal stopped: its last step, its checkpoint and how to continue it."""
+    command = shlex.join(["turnopd", "distill", args.recipe, *args.overrides])
+    if stopped.checkpoint is None:
+        return f"{stopped}; no checkpoint to resume from: start it again with `{command}`"
+    return (f"{stopped}; checkpoint {stopped.checkpoint}; continue with `{command} --resume {stopped.run_dir}`"
+            + (" (under the same torchrun launch)" if world_size > 1 else ""))
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,6 +1,6 @@
 """`turnopd world-model train RECIPE`: train a model of an env on logged real transitions and report
 its held-out fidelity; `turnopd world-model eval RECIPE`: that fidelity again for the trained model
-(see turnopd.orchestration.world_model)."""
+(see turnopd.orchestration.world_model_training)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from turnopd.commands import run_recipe_command
 
 
 def train(args: argparse.Namespace) -> int:
-    from turnopd.orchestration.world_model import load_world_model_recipe, run_world_model_train
+    from turnopd.orchestration.world_model_training import load_world_model_recipe, run_world_model_train
 
     return run_recipe_command(args, load_world_model_recipe, run_world_model_train)
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    from turnopd.orchestration.world_model import load_world_model_recipe, run_world_model_eval
+    from turnopd.orchestration.world_model_training import load_world_model_recipe, run_world_model_eval
 
     return run_recipe_command(args, load_world_model_recipe, run_world_model_eval)
 

@@ -4,32 +4,7 @@ Record kinds (field "kind"):
 - "start": a (re)start of the run: name, method, seed, total_steps, resumed_from_step, world_size,
   models {student, teacher:<env>[, teacher:<env>:adapter]: {path, weights (a fingerprint of the
   weight files, turnopd.models.weights_fingerprint; None for a hub name)}}.
-- "train": one optimizer step. step (1-based count of optimizer steps done), train_time_s (training
-  wall-clock so far: excludes eval and checkpoint), wall_time_s (everything since the run began),
-  phases {phase: seconds this step: rollout or probe, train, weight_sync, trainer_idle; they add
-  up to at most step_time_s}, busy {resource: seconds it worked this step: generation, env, teacher,
-  trainer; they overlap, see turnopd.core.ledger}, rollout_depth_cap, h_eff, h_cov (None without a probe this
-  step), probed (bool), alpha, loss, mean_kl, turn_kl_profile [per turn], deep_turn_share,
-  probes (probe episodes this step), h_cov_measured (False: too few probes succeeded, H_cov is the
-  fallback's), tokens_generated, tokens_scored (run through the teacher), tokens_trained,
-  env_steps, mean_turns, success_rate, invalid_action_rate, skipped (bool),
-  turn_signal_profiles {familiarity signal: [per turn, the mean over the trajectories that reached
-  it]} (context_logprob, action_logprob, action_entropy: turnopd.algorithm.familiarity; those the
-  teacher scored), familiarity_kept_share (the share of the loss weight familiarity.mode weight or
-  gate left on the turns, before renormalizing; None with mode none),
-  teacher_replicas {teacher: {replica url: requests, failures, up, mean_latency_s this step}}
-  (vllm_server teachers; in one_step_off and pool, the generator process's scoring since the
-  previous step).
-  step_time_s (this step's wall-clock, eval and checkpoint excluded), generator_phases {the generator
-  process's startup, idle and weight_sync seconds this step; empty in sync mode},
-  pipeline {mode, weight_version (the trainer's), staleness_max, staleness_mean (versions the
-  trained trajectories lag it), dropped_stale, queued, generator_restarts} (see turnopd.orchestration.pipeline).
-  With world-model rollouts (recipe key world_model.path): world_model_episodes (this step's that a
-  world model answered; success_rate counts their model-declared wins, env_steps only the real env's
-  turns), world_model_steps (the model's), world_model_verdict_steps (the model's steps judging
-  real episodes, world_model.verdict), world_model_no_verdict (real episodes it gave no usable
-  verdict on, left out of the bias), success_rate_real (the real episodes'), success_rate_debiased and its _stderr, world_model_bias (Online Debiasing, see
-  turnopd.orchestration.distill.world_model_record); busy also holds world_model.
+- "train": one optimizer step: the fields of StepRecord (below).
 - "eval": step (optimizer steps done when evaluated), train_time_s (training clock then), split,
   k, avg_at_k (0..1), per_type {task type: avg}, num_tasks, mean_turns, eval_time_s.
   per_task {task id: successes / k} (for intervals paired over tasks).
@@ -39,15 +14,124 @@ Record kinds (field "kind"):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from turnopd.core.faults import naming_a_full_disk
 
-STEP_KINDS = ("train", "eval", "final_eval", "teacher_eval")  # records that belong to a step
+STEP_KINDS = ("train", "eval", "final_eval", "teacher_eval", "budget_reached")  # records that belong to a step
+# what a training budget (trainer.budget) may be counted in: the training clock, or a work measure
+# of the step records (machine-independent)
+WORK_UNITS = ("train_time_s", "env_steps", "tokens_generated", "tokens_trained")
+
+
+@dataclass
+class StepRecord:
+    """A "train" record: one optimizer step, as the loop writes it and `turnopd frontier` reads it.
+    Fields a run of an older version did not write read back as their defaults (from_json)."""
+
+    step: int  # optimizer steps done (1-based)
+    train_time_s: float  # training wall-clock so far: excludes eval and checkpoint; continues across resumes
+    wall_time_s: float = 0.0  # everything since the run began
+    step_time_s: float = 0.0  # this step's wall-clock, eval and checkpoint excluded
+    # seconds this step per loop phase: rollout or probe, train, weight_sync, trainer_idle (they add up
+    # to at most step_time_s), and per resource busy: generation, env, world_model, teacher, trainer
+    # (they overlap; turnopd.core.ledger)
+    phases: dict[str, float] = field(default_factory=dict)
+    busy: dict[str, float] = field(default_factory=dict)
+    generator_phases: dict[str, float] = field(default_factory=dict)  # the generator process's startup, idle,
+    # weight_sync seconds this step (empty in sync mode)
+    # mode, weight_version (the trainer's), staleness_max, staleness_mean (versions the trained
+    # trajectories lag it), dropped_stale, queued, generator_restarts (turnopd.orchestration.pipeline)
+    pipeline: dict[str, Any] = field(default_factory=dict)
+    # the turn budget: the cap of the step's non-probe episodes (the horizon on a probe step), whether
+    # the depth controller was updated (probed), how many probes played, and the update's H_eff, H_cov
+    # (None without an update) and whether H_cov was measured (False: too few probes won, the fallback's)
+    rollout_depth_cap: int = 0
+    probed: bool = False
+    probes: int = 0
+    h_eff: float | None = None
+    h_cov: float | None = None
+    h_cov_measured: bool | None = None
+    alpha: float = 0.0  # the progressive loss's alpha (0 for the other loss modes)
+    loss: float = 0.0
+    grad_norm: float | None = None
+    lr: float | None = None
+    mean_kl: float = 0.0
+    turn_kl_profile: list[float] = field(default_factory=list)  # mean KL per turn
+    deep_turn_share: float = 0.0  # the loss weight on the deep third of turns
+    skipped: bool = False  # a NaN/inf step, not applied
+    # per familiarity signal the teacher scored (context_logprob, action_logprob, action_entropy:
+    # turnopd.algorithm.familiarity), its mean per turn over the trajectories that reached it
+    turn_signal_profiles: dict[str, list[float]] = field(default_factory=dict)
+    familiarity_kept_share: float | None = None  # weight share familiarity.mode kept (None: mode none)
+    # the work beside the clock
+    tokens_generated: int = 0
+    tokens_scored: int = 0  # run through the teacher
+    tokens_trained: int = 0
+    env_steps: int = 0  # turns played in the real env (a world model's are not the env's)
+    episodes: int = 0
+    mean_turns: float = 0.0
+    success_rate: float = 0.0
+    truncated_rate: float = 0.0
+    invalid_action_rate: float = 0.0
+    env_failures: int = 0  # episodes the env ended itself, and their errors by message
+    env_errors: dict[str, int] = field(default_factory=dict)
+    # {teacher: {replica url: requests, failures, up, mean_latency_s this step}} (vllm_server teachers;
+    # in one_step_off and pool, the generator process's scoring since the previous step)
+    teacher_replicas: dict[str, Any] = field(default_factory=dict)
+    # world-model rollouts (world_model.path; None otherwise): the step's model episodes (success_rate
+    # counts their model-declared wins), their model steps, the model steps its verdicts on real episodes
+    # took (world_model.verdict), real episodes without a usable verdict, the real episodes' success
+    # rate, and Online Debiasing's debiased rate, its standard error and the measured bias
+    world_model_episodes: int | None = None
+    world_model_steps: int | None = None
+    world_model_verdict_steps: int | None = None
+    world_model_no_verdict: int | None = None
+    success_rate_real: float | None = None
+    success_rate_debiased: float | None = None
+    success_rate_debiased_stderr: float | None = None
+    world_model_bias: float | None = None
+    kind: str = "train"
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as metrics.jsonl holds it (the world-model fields only in a world-model run's)."""
+        record = dataclasses.asdict(self)
+        if self.world_model_episodes is None:
+            for name in WORLD_MODEL_FIELDS:
+                del record[name]
+        return {"kind": record.pop("kind"), **record}
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> StepRecord:
+        """A saved train record (unknown keys, of other versions, left out)."""
+        return cls(**{name: record[name] for name in FIELD_NAMES if name in record})
+
+
+@dataclass
+class WorkSpent:
+    """A run's training clock and cumulative work after its last step (WORK_UNITS), from its step
+    records; checkpoints keep it, so a resumed run goes on counting."""
+
+    train_time_s: float = 0.0
+    env_steps: int = 0
+    tokens_generated: int = 0
+    tokens_trained: int = 0
+
+    def add(self, record: StepRecord) -> None:
+        self.train_time_s = record.train_time_s  # a clock: cumulative already
+        self.env_steps += record.env_steps
+        self.tokens_generated += record.tokens_generated
+        self.tokens_trained += record.tokens_trained
+
+
+FIELD_NAMES = tuple(f.name for f in dataclasses.fields(StepRecord))
+WORLD_MODEL_FIELDS = FIELD_NAMES[FIELD_NAMES.index("world_model_episodes"):FIELD_NAMES.index("kind")]
 
 
 class MetricsWriter:

@@ -15,6 +15,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from turnopd.core.metrics import StepRecord
 from turnopd.core.tracking import TRACKERS
 from turnopd.core.types import describe_env_errors
 
@@ -41,20 +42,18 @@ class StepProgress:
                                              alpha="-", success="-", kl="-", tps="-")
         self._progress.start()
 
-    def update(self, record: dict[str, Any]) -> None:
+    def update(self, record: StepRecord) -> None:
         if not self.enabled:
             return
-        step_time = sum(record["phases"].values()) or 1e-9
-        fields = dict(cap=record["rollout_depth_cap"], alpha=f"{record['alpha']:.2f}",
-                      success=f"{record['success_rate']:.2f}", kl=f"{record['mean_kl']:.3f}",
-                      tps=f"{(record['tokens_generated'] + record['tokens_trained']) / step_time:.0f}")
-        self._progress.update(self._task, completed=record["step"], **fields)
+        step_time = sum(record.phases.values()) or 1e-9
+        fields = dict(cap=record.rollout_depth_cap, alpha=f"{record.alpha:.2f}", success=f"{record.success_rate:.2f}",
+                      kl=f"{record.mean_kl:.3f}", tps=f"{(record.tokens_generated + record.tokens_trained) / step_time:.0f}")
+        self._progress.update(self._task, completed=record.step, **fields)
         if not console.is_terminal:  # a log file gets a line per step instead of a redrawn bar
-            console.print(f"step {record['step']}/{self._progress.tasks[0].total}: " +
-                          ", ".join(f"{k} {v}" for k, v in fields.items()) +
-                          f", {record['wall_time_s']:.0f} s")
-        if record["env_failures"]:  # one unwrapped line; a message may hold [brackets], which are not markup
-            console.print(f"step {record['step']}: {describe_env_errors(record['env_errors'], record['episodes'])}",
+            console.print(f"step {record.step}/{self._progress.tasks[0].total}: " +
+                          ", ".join(f"{k} {v}" for k, v in fields.items()) + f", {record.wall_time_s:.0f} s")
+        if record.env_failures:  # one unwrapped line; a message may hold [brackets], which are not markup
+            console.print(f"step {record.step}: {describe_env_errors(record.env_errors, record.episodes)}",
                           style="yellow", markup=False, soft_wrap=True)
 
     def close(self) -> None:

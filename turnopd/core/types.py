@@ -11,9 +11,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-# the turn signal (TokenBatch.turn_signals) that carries a trajectory's world-model loss-weight factor
-WORLD_MODEL_WEIGHT = "world_model_weight"
-
 
 @dataclass
 class Turn:
@@ -57,7 +54,7 @@ class Trajectory:
     goal: str = ""  # the task's goal text, as the env's reset gave it
     ended: bool = False  # the env ended the episode (won, lost or an env error); False: stopped while playing
     final_observation: str = ""  # the env's answer to the last turn's action (world-model transitions)
-    # world-model rollouts (turnopd.rollout.world_model): the model answered its steps; per model step the
+    # world-model rollouts (turnopd.rollout.world_model_pool): the model answered its steps; per model step the
     # disagreement of its sampled answers; for a real episode the model's verdict P(won) (Online Debiasing)
     # and the model steps that verdict took; the trajectory's loss-weight factor from its variance
     # (Inverse-Variance Denoising; None: 1)
@@ -139,6 +136,9 @@ class TokenBatch:
     teacher_topk_logprobs: torch.Tensor | None = None  # [N, k] (-inf off the mask)
     # per familiarity signal, each action token's turn value (NaN off the mask and where not scored)
     turn_signals: dict[str, torch.Tensor] = field(default_factory=dict)
+    # [num_trajectories] loss-weight factor per trajectory (Trajectory.world_model_weight, 1 where it
+    # has none); None: no trajectory carries one
+    trajectory_weights: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -187,10 +187,8 @@ def build_token_batch(trajectories: list[Trajectory]) -> TokenBatch:
                         teacher_lp[p] = turn.teacher_logprobs[j]
                     if turn.teacher_topk_ids is not None and turn.teacher_topk_logprobs is not None:
                         topk_rows.append((p, turn.teacher_topk_ids[j], turn.teacher_topk_logprobs[j]))
-                    signals = turn.teacher_signals if traj.world_model_weight is None else {
-                        **turn.teacher_signals, WORLD_MODEL_WEIGHT: traj.world_model_weight}
-                    if signals:
-                        signal_rows.append((p, signals))
+                    if turn.teacher_signals:
+                        signal_rows.append((p, turn.teacher_signals))
             seq_lens.append(n)
     topk_ids = topk_lp = None
     if topk_rows:
@@ -204,6 +202,7 @@ def build_token_batch(trajectories: list[Trajectory]) -> TokenBatch:
     for p, signals in signal_rows:
         for name, value in signals.items():
             turn_signals.setdefault(name, torch.full((len(ids),), float("nan")))[p] = value
+    weighted = any(traj.world_model_weight is not None for traj in trajectories)
     return TokenBatch(
         input_ids=torch.tensor(ids, dtype=torch.long),
         loss_mask=torch.tensor(mask, dtype=torch.bool),
@@ -216,6 +215,8 @@ def build_token_batch(trajectories: list[Trajectory]) -> TokenBatch:
         teacher_topk_ids=topk_ids,
         teacher_topk_logprobs=topk_lp,
         turn_signals=turn_signals,
+        trajectory_weights=torch.tensor([1.0 if t.world_model_weight is None else t.world_model_weight
+                                         for t in trajectories], dtype=torch.float64) if weighted else None,
     )
 
 
@@ -235,6 +236,7 @@ class EpisodeSummary:
     world_model: bool = False  # a world model answered its steps
     predicted_success: float | None = None  # a real episode's world-model verdict (Online Debiasing)
     verdict_steps: int = 0  # the world-model steps that verdict took
+    is_probe: bool = False  # a full-depth probe for the depth controller
 
     @property
     def failed_by_env(self) -> bool:
@@ -245,7 +247,7 @@ class EpisodeSummary:
         return cls(traj.task_id, traj.task_type, traj.success, traj.depth, traj.truncated,
                    traj.invalid_actions, traj.num_action_tokens, traj.env_error,
                    sum(len(seq.ids) for seq in trajectory_sequences(traj)), traj.world_model, traj.predicted_success,
-                   traj.verdict_steps)
+                   traj.verdict_steps, traj.is_probe)
 
 
 MAX_ERRORS_SHOWN = 2  # an error message names its game, so one cause can read as many messages

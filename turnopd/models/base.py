@@ -21,6 +21,13 @@ Any other model: point `path` at a Hugging Face folder or hub name and leave `pr
 The folder needs what `AutoModelForCausalLM.from_pretrained` and `AutoTokenizer.from_pretrained`
 read (config.json, weights, tokenizer.json or the tokenizer's files) and a chat template; teacher
 and student must share one tokenizer (checked at start-up).
+
+Every build writes its record, `turnopd_build.json`, beside the weights: what built it, the weights'
+fingerprint and what it was built with (library versions, the CPU and the instruction set torch's
+kernels use, threads). A build repeats bit for bit on one machine and install, under 1 or 2 threads
+(tests/test_builds.py); across machines it need not: torch's CPU kernels and MKL's choose code paths
+by CPU (AVX-512 or AVX2, Intel or AMD), which round differently, and hundreds of training steps
+carry a last-bit difference into other weights (see docs/teachers.md, "Reproducible builds").
 """
 
 from __future__ import annotations
@@ -72,6 +79,43 @@ def weights_fingerprint(folder: str | Path) -> str | None:
     return digest.hexdigest()[:16]
 
 
+def build_environment() -> dict[str, Any]:
+    """What a build's numbers depend on beyond its recipe: library versions, the CPU, the instruction
+    set torch's CPU kernels dispatch to, and torch's thread count."""
+    import platform
+    from importlib import metadata
+
+    import torch
+
+    versions = {}
+    for package in ("torch", "transformers", "tokenizers", "deepspeed", "numpy", "peft"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return {"python": platform.python_version(), "versions": versions, "cpu": _cpu_model(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads()}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def write_build_record(folder: Path, info: dict[str, Any]) -> None:
+    """`info` (what built the folder) with the weights' fingerprint and the build environment, as the
+    folder's turnopd_build.json."""
+    record = {**info, "weights": weights_fingerprint(folder), "built_with": build_environment()}
+    (folder / BUILD_INFO).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
 def read_build_info(folder: Path) -> dict[str, Any] | None:
     path = folder / BUILD_INFO
     return json.loads(path.read_text()) if path.is_file() else None
@@ -85,7 +129,7 @@ def building(out_dir: Path, info: dict[str, Any]) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         yield tmp
-        (tmp / BUILD_INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        write_build_record(tmp, info)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)

@@ -43,10 +43,11 @@ from turnopd.config import RunConfig
 from turnopd.core import checkpoint as ckpt
 from turnopd.core.types import Trajectory
 from turnopd.engines.hf_models import load_model
-from turnopd.orchestration.distill import build_missing_models, seed_everything, teacher_policy
+from turnopd.orchestration.evaluation import teacher_policy
 from turnopd.orchestration.pipeline import sample_tasks
 from turnopd.orchestration.pipeline.plan import step_sampling
 from turnopd.orchestration.preflight import check_setup, scoring_topk
+from turnopd.orchestration.startup import build_missing_models, seed_everything
 from turnopd.rollout import Policy, make_policy
 from turnopd.rollout.engine import rollout
 from turnopd.rollout.eval import eval_sampling
@@ -131,7 +132,7 @@ def run_audit(cfg: RunConfig, *, student: str | None = None, episodes: int = 16,
             print(f"audit: the student ({student_name}) plays {episodes} {split} episodes at full "
                   f"depth ({cfg.env.max_turns} turns)", flush=True)
             trajectories = rollout(setup.spec, pool, policy, tasks, env_config=cfg.env,
-                                   sampling=step_sampling(cfg, 0), cap=cfg.env.max_turns)
+                                   sampling=step_sampling(cfg, 0))
             score_trajectories(teachers, trajectories, topk=scoring_topk(cfg))
             for teacher in teachers.values():
                 teacher.close()
@@ -144,13 +145,13 @@ def run_audit(cfg: RunConfig, *, student: str | None = None, episodes: int = 16,
                   f"student, then the teacher ({spec.name}), take over from {len(states)} of them, greedily",
                   flush=True)
             student_takeovers = rollout(setup.spec, pool, policy, state_tasks, env_config=cfg.env, sampling=greedy,
-                                        cap=cfg.env.max_turns, replays=replays)
+                                        replays=replays)
         finally:
             policy.close()
         takeover_policy = teacher_policy(cfg, spec)
         try:
             takeovers = rollout(setup.spec, pool, takeover_policy, state_tasks, env_config=cfg.env, sampling=greedy,
-                                cap=cfg.env.max_turns, replays=replays)
+                                replays=replays)
         finally:
             takeover_policy.close()
     records, diverged = state_records(trajectories, states, takeovers, student_takeovers, band_width)

@@ -9,9 +9,10 @@ Where a model comes from, by rule (each bad value fails with a RecipeError namin
 - teacher spec `model` (and `tokenizer`): a local folder or a hub name by the same rule; a missing
   local folder is accepted when the spec names `sft_recipe` (built by `turnopd sft` at run time).
 - teacher backend `vllm_server`: `url` must be an http(s) URL with a host; the server is not
-  contacted here (a dry run must work before it is started).
+  contacted here (a dry run must work before it is started). A spec's `api_key_env` must name a set
+  environment variable (teachers.spec.api_key, when the spec is loaded).
 
-`check_setup` is `turnopd.orchestration.distill.check_setup` with these rules; `dry_run` is `turnopd distill
+`check_setup` (called by turnopd.orchestration.startup.open_run) applies these rules; `dry_run` is `turnopd distill
 RECIPE --dry-run`. Each model's origin is returned as a note, printed by the dry run.
 """
 
@@ -33,7 +34,7 @@ from teachers import TEACHER_BACKENDS, TeacherSpec, TeacherSpecError, load_teach
 from teachers.spec import served_model_name
 from turnopd.algorithm.objective import ESTIMATORS
 from turnopd.config import ModelConfig, RecipeError, RunConfig, to_yaml
-from turnopd.rollout.world_model import load_world_model_meta
+from turnopd.rollout.world_model_pool import load_world_model_meta
 
 # Hugging Face repo ids: `namespace/name` of letters, digits, '-', '_', '.'; no '--' or '..'; <= 96 chars
 _HUB_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
@@ -108,8 +109,10 @@ def check_teacher(spec: Any) -> str:
             served = served_model_name(spec)  # the adapter's LoRA module name for a LoRA teacher
             tok_key = "tokenizer" if spec.tokenizer else "model"
             tokenizer = model_origin(spec.tokenizer or spec.model, tok_key, looked=looked)
+            keyed = f"; requests carry the API key in ${spec.api_key_env}" if spec.api_key_env else ""
             return (f"{spec.name}: vllm_server {url} serving {served!r} (not contacted in a dry run; start it before "
-                    f"training, e.g. `turnopd teacher serve {spec.source or 'SPEC'}`); tokenizer from {tokenizer}")
+                    f"training, e.g. `turnopd teacher serve {spec.source or 'SPEC'}`); tokenizer from {tokenizer}"
+                    f"{keyed}")
         origin = model_origin(spec.model, "model", missing_ok=built, looked=looked)
         if spec.tokenizer:
             origin += f"; tokenizer from {model_origin(spec.tokenizer, 'tokenizer', looked=looked)}"

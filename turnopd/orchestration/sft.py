@@ -67,7 +67,7 @@ from turnopd.orchestration.preflight import train_and_eval_tasks
 from turnopd.orchestration.recipe import validate_recipe
 from turnopd.rollout import SamplingParams, make_policy
 from turnopd.rollout.engine import chat_prompt_ids, rollout
-from turnopd.rollout.eval import evaluate
+from turnopd.rollout.eval import EvalResult, evaluate
 
 RELABEL_SALT = 5_555  # the relabelled student's task draw, apart from the demonstrations'
 
@@ -221,7 +221,7 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
     """Demonstrations -> fine-tuned teacher -> held-out Avg@1 -> teacher spec. `recipe` (the file cfg
     came from) goes into the spec as its `sft_recipe`, so a checkout without the model rebuilds it."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from turnopd.trainer import Trainer
 
@@ -235,37 +235,17 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
     # preparing it plays the demonstrations and collect_demonstrations reads them from the cache
     prepare_start = time.perf_counter()
     model_dir = ensure_model(cfg.model, "model")
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    if cfg.train_top_layers is not None:  # a bad value fails here, before the demonstrations are played
-        trainable = freeze_below_top_layers(model, cfg.train_top_layers)
-        print(f"training the top {cfg.train_top_layers} blocks and the final norm: {trainable / 1e6:.1f}M of "
-              f"{model.num_parameters() / 1e6:.1f}M parameters", flush=True)
-
+    model = load_sft_model(model_dir, cfg.train_top_layers)  # a bad top-layer count fails before the demos play
     demos = collect_demonstrations(spec, cfg.env, split, cfg.demos.episodes, cfg.seed)
     prepare_time = time.perf_counter() - prepare_start
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    examples = demo_examples(demos, spec, cfg.env, tokenizer)
-    if not examples:
-        raise RuntimeError(f"the expert won none of its {len(demos)} episodes: nothing to train on")
-    expert_turns = len(examples)
-    relabel = relabel_student_states(cfg, spec, relabel_tasks, tokenizer) if relabel_tasks else None
-    if relabel is not None:
-        examples += relabel.pop("examples")
-    longest = max(len(ex.prompt_ids) + len(ex.answer_ids) for ex in examples)
-    if longest > model.config.max_position_embeddings:
-        raise RecipeError(f"a demonstration turn has {longest} tokens, more than the model's "
-                          f"{model.config.max_position_embeddings} positions; lower env.history_length "
-                          f"(now {cfg.env.history_length})")
-    relabelled = f" and {len(examples) - expert_turns} relabelled student turns" if relabel is not None else ""
-    print(f"{sum(d.won for d in demos)}/{len(demos)} expert episodes won -> {expert_turns} turns{relabelled}, "
-          f"{sum(len(ex.answer_ids) for ex in examples)} answer tokens; longest turn {longest} tokens", flush=True)
+    examples, relabel = training_examples(cfg, spec, demos, relabel_tasks, tokenizer,
+                                          model.config.max_position_embeddings)
 
     torch.manual_seed(cfg.seed)
     trainer = Trainer(model, cfg.trainer, ObjectiveConfig(estimator="nll"), LossConfig(mode="token_mean"),
                       total_steps=cfg.trainer.steps)
     losses = train_examples(trainer, examples, cfg)
-    train_time = sum(t for _, t in losses)
 
     output = Path(cfg.output_dir).expanduser()
     save_model(trainer, tokenizer, output)
@@ -274,18 +254,13 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
     # the held-out eval and the teacher spec use the dtype it is trained in (bf16 is ~2x faster on a CPU with AMX)
     dtype = str(resolve_dtype(cfg.trainer.dtype)).removeprefix("torch.")
     eval_start = time.perf_counter()
-    avg_at_1, per_type, mean_turns = float("nan"), {}, float("nan")
+    result = evaluate_sft_model(cfg, spec, output, dtype, eval_tasks, eval_split) if cfg.eval.enabled else None
+    avg_at_1, per_type, mean_turns = (result.avg_at_k, result.per_type, result.mean_turns) if result else (
+        float("nan"), {}, float("nan"))
     held_out = "not evaluated"
-    if cfg.eval.enabled:
-        policy = make_policy(cfg.policy, str(output), dtype=dtype, seed=cfg.seed)
-        with EnvPool.for_config(spec, cfg.env) as pool:
-            result = evaluate(spec, pool, policy, eval_tasks, split=eval_split, env_config=cfg.env,
-                              policy_config=cfg.policy, k=1, seed=cfg.seed)
-        policy.close()
-        avg_at_1, per_type, mean_turns = result.avg_at_k, result.per_type, result.mean_turns
+    if result is not None:
         held_out = f"held-out Avg@1 {100 * avg_at_1:.1f}% on {len(eval_tasks)} {eval_split} tasks"
         if result.env_failures:
-            print(f"WARNING: held-out eval: {result.describe_env_failures()}; they count as lost", flush=True)
             held_out += f", {result.env_failures} of them ended by env errors"
     eval_time = time.perf_counter() - eval_start
 
@@ -294,13 +269,64 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
     summary = SFTResult(
         output_dir=str(output), teacher_spec=str(spec_path) if spec_path else None, demos_played=len(demos),
         demos_won=sum(d.won for d in demos), examples=len(examples),
-        answer_tokens=sum(len(ex.answer_ids) for ex in examples), steps=len(losses), train_time_s=train_time,
+        answer_tokens=sum(len(ex.answer_ids) for ex in examples), steps=len(losses),
+        train_time_s=sum(t for _, t in losses),
         first_loss=losses[0][0], final_loss=sum(final) / len(final), eval_split=eval_split, eval_tasks=len(eval_tasks),
         avg_at_1=avg_at_1, per_type=per_type, eval_mean_turns=mean_turns, eval_time_s=eval_time,
         prepare_time_s=prepare_time, wall_time_s=time.perf_counter() - wall_start, relabel=relabel)
     (output / "sft_summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
     print_sft_summary(cfg, summary)
     return summary
+
+
+def load_sft_model(model_dir: Path, train_top_layers: int | None) -> Any:
+    """The model to fine-tune, in fp32 master weights, frozen below its top `train_top_layers` blocks
+    when set."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if train_top_layers is not None:
+        trainable = freeze_below_top_layers(model, train_top_layers)
+        print(f"training the top {train_top_layers} blocks and the final norm: {trainable / 1e6:.1f}M of "
+              f"{model.num_parameters() / 1e6:.1f}M parameters", flush=True)
+    return model
+
+
+def training_examples(cfg: SFTConfig, spec: EnvSpec, demos: list[Demonstration], relabel_tasks: list[str], tokenizer: Any,
+                      max_positions: int) -> tuple[list, dict[str, Any] | None]:
+    """The expert's turns, and the relabelled student states when the recipe asks for them (with
+    their figures); every turn must fit the model's positions."""
+    examples = demo_examples(demos, spec, cfg.env, tokenizer)
+    if not examples:
+        raise RuntimeError(f"the expert won none of its {len(demos)} episodes: nothing to train on")
+    expert_turns = len(examples)
+    relabel = relabel_student_states(cfg, spec, relabel_tasks, tokenizer) if relabel_tasks else None
+    if relabel is not None:
+        examples += relabel.pop("examples")
+    longest = max(len(ex.prompt_ids) + len(ex.answer_ids) for ex in examples)
+    if longest > max_positions:
+        raise RecipeError(f"a demonstration turn has {longest} tokens, more than the model's {max_positions} "
+                          f"positions; lower env.history_length (now {cfg.env.history_length})")
+    relabelled = f" and {len(examples) - expert_turns} relabelled student turns" if relabel is not None else ""
+    print(f"{sum(d.won for d in demos)}/{len(demos)} expert episodes won -> {expert_turns} turns{relabelled}, "
+          f"{sum(len(ex.answer_ids) for ex in examples)} answer tokens; longest turn {longest} tokens", flush=True)
+    return examples, relabel
+
+
+def evaluate_sft_model(cfg: SFTConfig, spec: EnvSpec, output: Path, dtype: str, eval_tasks: list[str],
+                       eval_split: str) -> EvalResult:
+    """The fine-tuned model's greedy Avg@1 on the held-out tasks (episodes the env ended count as lost)."""
+    policy = make_policy(cfg.policy, str(output), dtype=dtype, seed=cfg.seed)
+    try:
+        with EnvPool.for_config(spec, cfg.env) as pool:
+            result = evaluate(spec, pool, policy, eval_tasks, split=eval_split, env_config=cfg.env,
+                              policy_config=cfg.policy, k=1, seed=cfg.seed)
+    finally:
+        policy.close()
+    if result.env_failures:
+        print(f"WARNING: held-out eval: {result.describe_env_failures()}; they count as lost", flush=True)
+    return result
 
 
 def ensure_model(model: ModelConfig, key: str) -> Path:
@@ -348,8 +374,7 @@ def relabel_student_states(cfg: SFTConfig, spec: EnvSpec, tasks: list[str], toke
                               max_new_tokens=cfg.policy.max_new_tokens, stop=tuple(cfg.policy.stop), seed=cfg.seed)
     try:
         with EnvPool.for_config(spec, cfg.env) as pool:
-            trajectories = rollout(spec, pool, policy, tasks, env_config=cfg.env, sampling=sampling,
-                                   cap=cfg.env.max_turns)
+            trajectories = rollout(spec, pool, policy, tasks, env_config=cfg.env, sampling=sampling)
     finally:
         policy.close()
     played = [t for t in trajectories if not t.env_error]

@@ -50,7 +50,7 @@ from envs.transitions import (
     trajectory_transitions,
     transition_prompt,
 )
-from turnopd.algorithm.world_model import expected_calibration_error, token_f1
+from turnopd.algorithm.world_model_corrections import expected_calibration_error, token_f1
 from turnopd.config import (
     EnvConfig,
     LossConfig,
@@ -61,13 +61,14 @@ from turnopd.config import (
     TrainerConfig,
     compose,
 )
+from turnopd.engines.hf_models import load_model
 from turnopd.orchestration.preflight import train_and_eval_tasks
 from turnopd.orchestration.recipe import validate_recipe
 from turnopd.orchestration.sft import SFTExample, ensure_model, save_model, train_examples
 from turnopd.rollout import SamplingParams, make_policy
 from turnopd.rollout.base import generate_all
 from turnopd.rollout.engine import chat_prompt_ids, rollout
-from turnopd.rollout.world_model import Verdict, WorldModelPool, listed
+from turnopd.rollout.world_model_pool import Verdict, WorldModelPool, listed
 
 WORLD_MODEL_FORMAT = 1  # the prompt/answer text of envs.transitions
 HELD_OUT_SALT = 7_777  # the held-out student episodes' sampling seed, apart from the training ones'
@@ -128,8 +129,7 @@ def player_transitions(cfg: WorldModelConfig, spec: EnvSpec, split: str, expert_
                               max_new_tokens=cfg.policy.max_new_tokens, stop=tuple(cfg.policy.stop), seed=seed)
     try:
         with EnvPool.for_config(spec, cfg.env) as pool:
-            trajectories = rollout(spec, pool, policy, tasks, env_config=cfg.env, sampling=sampling,
-                                   cap=cfg.env.max_turns)
+            trajectories = rollout(spec, pool, policy, tasks, env_config=cfg.env, sampling=sampling)
     finally:
         policy.close()
     return out + [t for trajectory in trajectories
@@ -168,7 +168,9 @@ def status_probabilities(model: Any, tokenizer: Any, prompts: list[list[int]]) -
             for row, candidate in enumerate(candidates):
                 ids[row, :len(prompt) + len(candidate)] = torch.tensor(prompt + candidate)
                 mask[row, :len(prompt) + len(candidate)] = 1
-            logprobs = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), dim=-1)
+            device = next(model.parameters()).device
+            logprobs = torch.log_softmax(model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float(),
+                                         dim=-1).cpu()
             scores = torch.stack([
                 logprobs[row, len(prompt) - 1 + torch.arange(len(c)), torch.tensor(c)].sum()
                 for row, c in enumerate(candidates)])
@@ -270,11 +272,7 @@ def measure_fidelity(model_dir: Path, transitions: list[Transition], prompts: li
                      cfg: WorldModelConfig, spec: EnvSpec) -> tuple[dict[str, FidelityRow], dict[str, ReplayRow]]:
     """The world model in model_dir on held-out transitions (`prompts`: their token ids): greedy
     answers and status probabilities, and the episode replays, from one loaded copy of the model."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model, tokenizer = load_model(model_dir, "float32")  # on the run's device
     greedy = PolicyConfig(backend=cfg.policy.backend, temperature=0.0, max_new_tokens=cfg.max_observation_tokens,
                           stop=[], max_batch_size=cfg.policy.max_batch_size)
     policy = make_policy(greedy, model, tokenizer=tokenizer, dtype="float32", seed=cfg.seed)

@@ -30,7 +30,7 @@ DEFAULT_WAIT_S = 0.05
 
 
 @dataclass
-class Request:
+class PendingGeneration:
     prompt: list[int]
     sampling: SamplingParams
     future: asyncio.Future = field(repr=False)
@@ -48,7 +48,7 @@ class MicroBatcher:
         self.lock = threading.RLock()  # held while a batch runs: weight updates wait for it
         self.batch_sizes: list[int] = []  # every batch run, for tests and benchmarks
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pending: list[Request] = []
+        self._pending: list[PendingGeneration] = []
         self._sessions = 0
         self._wake: asyncio.Event | None = None
         self._draining: asyncio.Task | None = None
@@ -73,7 +73,7 @@ class MicroBatcher:
 
     async def submit(self, prompt: list[int], sampling: SamplingParams) -> Generation:
         loop = self._bind()
-        request = Request(prompt, sampling, loop.create_future(), loop.time())
+        request = PendingGeneration(prompt, sampling, loop.create_future(), loop.time())
         self._pending.append(request)
         self._wake.set()
         if self._draining is None or self._draining.done():
@@ -104,7 +104,7 @@ class MicroBatcher:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), deadline - self._loop.time())
 
-    def _run(self, group: list[Request]) -> list[Generation]:
+    def _run(self, group: list[PendingGeneration]) -> list[Generation]:
         with self.lock:
             if self.before_batch is not None:
                 self.before_batch()
@@ -112,10 +112,10 @@ class MicroBatcher:
             return self.run_batch([r.prompt for r in group], [r.sampling for r in group])
 
 
-def _groups(requests: list[Request], max_rows: int) -> list[list[Request]]:
+def _groups(requests: list[PendingGeneration], max_rows: int) -> list[list[PendingGeneration]]:
     """Requests of the same settings (the seed aside), in batches of similar prompt length; inside a
     batch the requests keep the order they came in."""
-    by_settings: dict[Any, list[Request]] = {}
+    by_settings: dict[Any, list[PendingGeneration]] = {}
     for request in requests:
         by_settings.setdefault(replace(request.sampling, seed=None), []).append(request)
     out = []

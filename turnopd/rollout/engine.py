@@ -48,18 +48,19 @@ def chat_prompt_ids(tokenizer: Any, user_message: str) -> list[int]:
 
 
 async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *, slot: int, episode: int,
-                       env_config: EnvConfig, sampling: SamplingParams, cap: int, is_probe: bool = False,
+                       env_config: EnvConfig, sampling: SamplingParams, turn_limit: int, is_probe: bool = False,
                        ledger: Any = None, replay: Sequence[str] = ()) -> Trajectory:
-    """One episode of `task_id` in env-pool slot `slot`, for at most min(env_config.max_turns, cap)
-    turns; turn t is sampled with request_seed(sampling.seed, episode, t). Stopped by the cap (cap <
-    max_turns, env not done): truncated. Waiting for generation is the ledger's "generation" busy
-    time, for the env (reset and steps) its "env" busy time (a world-model pool's own resource name,
-    `ledger_resource`, when the episode plays in one).
+    """One episode of `task_id` in env-pool slot `slot`, for at most `turn_limit` turns (the batch
+    plan's, at most the horizon env_config.max_turns); turn t is sampled with
+    request_seed(sampling.seed, episode, t). Stopped by a limit below the horizon with the env not
+    done: truncated. Waiting for generation is the ledger's "generation" busy time, for the env
+    (reset and steps) its "env" busy time (a world-model pool's own resource name, `ledger_resource`,
+    when the episode plays in one).
 
     `replay`: env actions played first, without the policy (a takeover from another episode's state):
     they enter the prompt history but are not turns of the trajectory, whose first turn has index
-    len(replay), and the policy then plays up to min(env_config.max_turns, cap) turns of its own."""
-    depth = min(env_config.max_turns, cap)
+    len(replay), and the policy then plays up to `turn_limit` turns of its own."""
+    depth = turn_limit
     busy = ledger.busy if ledger is not None else (lambda _: nullcontext())
     env = getattr(pool, "ledger_resource", "env")  # a world model's steps are its own busy time, not the env's
     trajectory = Trajectory(task_id=task_id, env_name=spec.name, is_probe=is_probe, task_type=spec.task_type(task_id),
@@ -110,7 +111,7 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
         trajectory.success = bool(outcome.won)
         trajectory.env_error = outcome.info.get("env_error", "")
     else:
-        # Still playing after the last allowed turn: stopped by the cap when it was below max_turns;
+        # Still playing after the last allowed turn: stopped by its turn limit when that was below max_turns;
         # at max_turns the env's own turn limit ended it (not a truncation).
         trajectory.truncated = depth < env_config.max_turns
         pool.end([slot])
@@ -138,14 +139,16 @@ class SlotPool:
 
 
 async def play_all(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *, env_config: EnvConfig,
-                   sampling: SamplingParams, cap: int, probes: int = 0, ledger: Any = None,
-                   replays: Sequence[Sequence[str]] | None = None, world: Any = None,
+                   sampling: SamplingParams, turn_limits: Sequence[int] | None = None, probes: int = 0,
+                   ledger: Any = None, replays: Sequence[Sequence[str]] | None = None, world: Any = None,
                    simulated: Sequence[bool] = ()) -> list[Trajectory]:
     """`rollout` inside a running event loop."""
     if not tasks:
         raise ValueError("rollout needs at least one task")
-    if cap < 1:
-        raise ValueError(f"rollout depth cap must be >= 1, got {cap}")
+    turn_limits = list(turn_limits) if turn_limits is not None else [env_config.max_turns] * len(tasks)
+    if len(turn_limits) != len(tasks) or not all(1 <= n <= env_config.max_turns for n in turn_limits):
+        raise ValueError(f"rollout needs one turn limit per task, each in [1, env.max_turns={env_config.max_turns}]; "
+                         f"got {turn_limits} for {len(tasks)} tasks")
     simulated = list(simulated) or [False] * len(tasks)
     if len(simulated) != len(tasks) or (any(simulated) and world is None) or any(simulated[:probes]):
         raise ValueError("`simulated` names one flag per task, needs a world model, and no probe plays in it "
@@ -156,7 +159,7 @@ async def play_all(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *
     async def play(i: int, task: str) -> Trajectory:
         episode = functools.partial(play_episode, spec, policy=policy, task_id=task, slot=i, episode=i,
                                     env_config=env_config, sampling=sampling, is_probe=i < probes, ledger=ledger,
-                                    cap=env_config.max_turns if i < probes else cap)
+                                    turn_limit=turn_limits[i])
         judged = world is not None and not simulated[i]  # a real episode the world model gives its verdict on
         # "twin": the same task in the model, played beside it with its sampling streams (a closed loop)
         shadow = world.shadow(pool, slot=i, busy=busy, twin=functools.partial(episode, world)) \
@@ -179,17 +182,19 @@ async def play_all(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *
 
 
 def rollout(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *, env_config: EnvConfig,
-            sampling: SamplingParams, cap: int, probes: int = 0, ledger: Any = None,
-            replays: Sequence[Sequence[str]] | None = None, world: Any = None,
+            sampling: SamplingParams, turn_limits: Sequence[int] | None = None, probes: int = 0,
+            ledger: Any = None, replays: Sequence[Sequence[str]] | None = None, world: Any = None,
             simulated: Sequence[bool] = ()) -> list[Trajectory]:
     """Play one episode per task id (repeat a task id for several samples of it), all at once in
-    slots 0..len(tasks)-1; the first `probes` are probes, played at full depth (env_config.max_turns,
-    uncensored), the others for at most min(env_config.max_turns, cap) turns; with `replays`, episode
-    i first replays replays[i] (see play_episode). With `world` (a turnopd.rollout.world_model
+    slots 0..len(tasks)-1, episode i for at most turn_limits[i] turns (default: the horizon,
+    env_config.max_turns, for every one; the batch plan decides them, probes at the horizon:
+    turnopd.orchestration.pipeline.plan.episode_turn_limits); the first `probes` are marked as
+    probes (Trajectory.is_probe); with `replays`, episode
+    i first replays replays[i] (see play_episode). With `world` (a turnopd.rollout.world_model_pool
     WorldModelPool), episode i plays in it when simulated[i] (never a probe); each other episode gets
     the world model's verdict on it (Trajectory.predicted_success: by world.verdict, the model's answer
     to its last transition, its replay in the model alongside it, or the ending of a twin episode of
     its task played in the model beside it, not trained on). Returns the trajectories in the order of
     `tasks`."""
-    return asyncio.run(play_all(spec, pool, policy, tasks, env_config=env_config, sampling=sampling, cap=cap,
-                                probes=probes, ledger=ledger, replays=replays, world=world, simulated=simulated))
+    return asyncio.run(play_all(spec, pool, policy, tasks, env_config=env_config, sampling=sampling,
+                                turn_limits=turn_limits, probes=probes, ledger=ledger, replays=replays, world=world, simulated=simulated))

@@ -82,7 +82,7 @@ def evaluate(spec: EnvSpec, pool, policy: Policy, tasks: list[str], *, split: st
     sampling = eval_sampling(policy_config, k, temperature, seed)
     episodes = [task for task in tasks for _ in range(k)]
     trajectories = rollout(spec, pool, policy, episodes, env_config=env_config, sampling=sampling,
-                           cap=env_config.max_turns, ledger=ledger)
+                           ledger=ledger)
     overall, per_type, per_task = avg_at_k(trajectories, k)
     mean_turns = sum(t.depth for t in trajectories) / len(trajectories)
     return EvalResult(split, k, overall, per_type, len(tasks), mean_turns, env_errors(trajectories), per_task,

@@ -8,7 +8,7 @@ per task, then cached. Each step renders envs.transitions' prompt from the episo
 samples `samples` answers (status line and observation) from the world model; the first is played,
 and their disagreement d = 1 - (count of the modal answer) / K goes into the outcome's info
 ("world_model_disagreement"), from which the loop weights the trajectory (Inverse-Variance
-Denoising, turnopd.algorithm.world_model). An answer without a status line ends the episode as
+Denoising, turnopd.algorithm.world_model_corrections). An answer without a status line ends the episode as
 failed-by-env ("the world model answered without a status line"), and so does one whose
 observation the env's prompt template refuses (ALFWorld's notebook template needs its notebook
 line), or whose prompt and answer would not fit the model's context.
@@ -21,7 +21,7 @@ observation, each after its own previous answers, alongside the real episode; th
 ending, so the bias includes how the model's own histories drift under the real actions. Neither
 sees the drift of a closed loop, where the student's actions answer the model's observations (on
 ALFWorld the model's episodes end sooner and are won more often than real ones, and both verdicts
-measured a bias near 0; README, "World-model rollouts"). "twin" (a `Shadow` too) does: beside the
+measured a bias near 0; docs/results/2026-12-03-world-models.md). "twin" (a `Shadow` too) does: beside the
 real episode the student plays a twin episode of the same task in the model, from the real reset
 and with the real episode's sampling streams, and the verdict is the twin's ending, so the bias
 (twin - real) is the model episodes' own, closed loop included, at one model episode per real one.
@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 from envs.base import EnvSpec, PromptContext, StepOutcome, recent_pairs
 from envs.pool import env_error
 from envs.transitions import parse_world_answer, world_prompt
-from turnopd.algorithm.world_model import sample_disagreement
+from turnopd.algorithm.world_model_corrections import sample_disagreement
 from turnopd.config import PolicyConfig
 from turnopd.core.types import Trajectory
 from turnopd.rollout.base import Policy, SamplingParams, make_policy, request_seed

@@ -82,7 +82,8 @@ class ActionScorer(nn.Module):
         [rows, L] (no attention mask needed: a real token attends only to earlier positions, all real).
 
         `inputs` holds what the batch brings (sampling and teacher log-probs, the teacher's top-k,
-        or the teacher's hidden states [n, d] and head [V, d]); this forward adds the student's side
+        or the teacher's hidden states [n, d] and head [V, d]) and the proximal log-probs when the
+        trainer computed them before its first update; this forward adds the student's side
         the estimator needs: the log-probs of the tokens (and of the teacher's top-k ids at the same
         positions), read out through the head in chunks, or the hidden states and head for a
         full-vocabulary estimator. Running it inside the engine's forward is what ZeRO-3 needs.
@@ -100,4 +101,8 @@ class ActionScorer(nn.Module):
         logprobs = gather_logprobs(hidden, self.head_weight, ids, self.chunk_size)
         inputs = dataclasses.replace(inputs, student=logprobs[:, 0],
                                      student_topk=logprobs[:, 1:] if topk_ids is not None else None)
+        if estimator.needs_proximal_logprobs and inputs.proximal is None:
+            # none given: the step is one update, so this forward runs the weights the step started
+            # from, the proximal policy's (no second pass)
+            inputs = dataclasses.replace(inputs, proximal=logprobs[:, 0].detach())
         return {"loss": estimator.token_loss(inputs, settings), "kl": inputs.student - inputs.teacher}

@@ -1,4 +1,5 @@
-"""The DeepSpeed trainer: one optimizer step of the OPD loss per call.
+"""The DeepSpeed trainer: one optimizer step of the OPD loss per call (or, with
+trainer.turn_rows_per_update, one per that many turn rows of the call's batch).
 
 loss = sum_p w_p * l_p over the action tokens p of the GLOBAL batch (all ranks), with l_p from the
 objective's estimator and w_p from the loss mode (normalized by the global trajectory and token
@@ -9,6 +10,13 @@ for world-model rollouts, by each trajectory's Inverse-Variance Denoising factor
 backward on each (gradients accumulate; the last backward is the accumulation boundary), then takes
 one optimizer step. Every rank runs the same number of micro-batches (padding ones contribute zero
 loss), since each backward may join collectives.
+
+With trainer.turn_rows_per_update K the call's turn rows (a turn's action tokens; TCOD trains each
+turn as its own row) are cut, in batch order, into consecutive updates of at most K rows (K / ranks
+per rank), each normalized over its own tokens on all ranks and followed by its own optimizer step,
+as TCOD's trainer takes a fixed 64 rows per step; a sequence holding turns of two updates runs in
+both, its other turns at weight 0. Estimators that read the proximal log-probs then get them from a
+forward pass before the first update (the weights the call started from).
 """
 
 from __future__ import annotations
@@ -32,11 +40,13 @@ from turnopd.algorithm.objective import (
     is_deep_turn,
     per_trajectory_turn_means,
     token_weights,
+    turn_row_index,
 )
 from turnopd.config import FamiliarityConfig, LossConfig, ObjectiveConfig, TrainerConfig
+from turnopd.core.checkpoint import load_plain
 from turnopd.core.distributed import gather_objects
 from turnopd.core.faults import failpoint
-from turnopd.core.types import WORLD_MODEL_WEIGHT, TokenBatch
+from turnopd.core.types import TokenBatch
 from turnopd.engines.hf_models import resolve_dtype
 from turnopd.engines.lora import is_adapter_model
 from turnopd.trainer.engine import deepspeed_config, init_process_group
@@ -45,6 +55,16 @@ from turnopd.trainer.schedule import lr_factor
 from turnopd.trainer.scorer import ActionScorer, check_causal_lm, select_predicting, turn_signals
 
 CHECKPOINT_TAG = "state"  # DeepSpeed's sub-folder of `<dir>/deepspeed` holding optimizer and scheduler
+
+
+def deepspeed_state_classes() -> list[type]:
+    """The classes DeepSpeed's optimizer and model state files pickle besides tensors and plain data
+    (ZeRO partitions' fragment addresses, the loss scaler, the ZeRO stage)."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [fragment_address, LossScaler, ZeroStageEnum]
 
 
 class TrainingDiverged(RuntimeError):
@@ -62,18 +82,51 @@ class ActionTokens:
     topk_ids: torch.Tensor | None
     topk_logprobs: torch.Tensor | None
     signals: dict[str, torch.Tensor]  # familiarity signal -> each token's turn value
+    trajectory_weights: torch.Tensor | None  # each token's trajectory loss-weight factor (TokenBatch's)
+    sequence_ids: torch.Tensor  # the index of the batch sequence each token is in
+    proximal_logprobs: torch.Tensor | None = None  # under the weights the step started from (several updates)
 
     @classmethod
     def of(cls, batch: TokenBatch) -> ActionTokens:
         m = batch.loss_mask
         topk = batch.teacher_topk_ids is not None and batch.teacher_topk_logprobs is not None
+        sequence_of_position = torch.repeat_interleave(torch.arange(batch.seq_lens.numel()), batch.seq_lens)
         return cls(batch.traj_ids[m], batch.turn_ids[m], batch.old_logprobs[m], batch.teacher_logprobs[m],
                    batch.teacher_topk_ids[m] if topk else None, batch.teacher_topk_logprobs[m] if topk else None,
-                   {name: values[m].double() for name, values in batch.turn_signals.items()})
+                   {name: values[m].double() for name, values in batch.turn_signals.items()},
+                   None if batch.trajectory_weights is None else batch.trajectory_weights[batch.traj_ids[m]],
+                   sequence_of_position[m])
 
     @property
     def count(self) -> int:
         return int(self.traj_ids.numel())
+
+    def select(self, index: torch.Tensor) -> ActionTokens:
+        """The tokens at `index` (one update's), every per-token tensor indexed alike."""
+        def pick(values: torch.Tensor | None) -> torch.Tensor | None:
+            return None if values is None else values[index]
+
+        return ActionTokens(self.traj_ids[index], self.turn_ids[index], self.old_logprobs[index],
+                            self.teacher_logprobs[index], pick(self.topk_ids), pick(self.topk_logprobs),
+                            {name: values[index] for name, values in self.signals.items()},
+                            pick(self.trajectory_weights), self.sequence_ids[index], pick(self.proximal_logprobs))
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """One optimizer update of a step: the action tokens it trains (indices into the step's
+    ActionTokens) and the micro-batches of the sequences that hold them."""
+
+    index: torch.Tensor
+    micro_batches: list[MicroBatch]
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    applied: bool
+    grad_norm: float
+    familiarity_kept_share: float | None
+    num_micro_batches: int
 
 
 @dataclass
@@ -85,7 +138,6 @@ class StepTally:
     loss: float = 0.0
     tokens: int = 0  # real tokens run through the student
     padding: int = 0
-    nonfinite: bool = False
 
     @classmethod
     def for_tokens(cls, count: int) -> StepTally:
@@ -173,6 +225,10 @@ class Trainer:
         if teacher_model is not None and self.estimator.needs_teacher_model:
             self.teacher = teacher_model.to(device=self.device, dtype=dtype).eval().requires_grad_(False)
         self.rank, self.world_size = self.engine.global_rank, self.engine.dp_world_size
+        rows = trainer_cfg.turn_rows_per_update
+        if rows is not None and rows % self.world_size:  # the launch's, not the recipe's: checked here
+            raise ValueError(f"trainer.turn_rows_per_update={rows} does not split over {self.world_size} data-parallel "
+                             "ranks: each rank trains an equal share of every update's rows")
         self.steps_taken = 0  # step() calls completed (applied or skipped)
         self.bad_streak = 0  # skipped steps in a row
 
@@ -197,50 +253,32 @@ class Trainer:
     # ---------------------------------------------------------------------------------------
 
     def step(self, batch: TokenBatch, alpha: float) -> dict[str, Any]:
-        """One optimizer step on this rank's share of the batch (trajectory indices local to it)."""
+        """One optimizer step on this rank's share of the batch (trajectory indices local to it), or
+        with trainer.turn_rows_per_update one per that many turn rows (see the module docstring)."""
         self._check_batch(batch)
         tokens = ActionTokens.of(batch)
-        micro_batches = self._pack(batch)
-        # N_traj counts the trajectories with action tokens, as token_weights does in one process
-        num_traj, num_action, num_micro = self._global_counts(int(tokens.traj_ids.unique().numel()), tokens.count,
-                                                              len(micro_batches))
+        (num_action,) = self._sum_over_ranks([tokens.count])
         if num_action == 0:
             raise ValueError("the batch has no action tokens to train on (on any rank)")
-        teacher_hidden = [self._teacher_pass(mb, tokens) for mb in micro_batches] if self.teacher is not None else []
-        weights = (token_weights(tokens.traj_ids, tokens.turn_ids, self.loss_cfg.mode, alpha,
-                                 self.loss_cfg.constant_k, num_trajectories=num_traj, num_tokens=num_action)
-                   if tokens.count else torch.zeros(0))
-        weights, kept_share = self._familiarity_weights(weights, tokens)
-        weights = self._denoised_weights(weights, tokens)
+        plans = self._plan_updates(batch, tokens)
+        (num_updates,) = self._all_reduce([len(plans)], "max")  # a rank with fewer rows pads with empty updates
+        if self.estimator.needs_proximal_logprobs and num_updates > 1:
+            tokens = dataclasses.replace(tokens, proximal_logprobs=self._proximal_logprobs(batch, tokens))
+        weights = torch.zeros(tokens.count)
         tally = StepTally.for_tokens(tokens.count)
-        for i in range(num_micro):
-            last = i == num_micro - 1
-            mb = micro_batches[i] if i < len(micro_batches) else padding_micro_batch()
-            self.engine.set_gradient_accumulation_boundary(last)
-            if mb.num_tokens == 0:  # padding micro-batch: a zero loss through every trained parameter
-                loss = self._padding_loss(mb)
-            else:
-                per_token, kl = self._token_losses(mb, tokens, teacher_hidden[i] if teacher_hidden else None)
-                loss = (weights[mb.action_index].to(per_token) * per_token).sum()
-                tally.token_loss[mb.action_index] = per_token.detach().double().cpu()
-                tally.token_kl[mb.action_index] = kl.detach().double().cpu()
-            tally.nonfinite = tally.nonfinite or not bool(torch.isfinite(loss))
-            if last and self._any_rank(tally.nonfinite):
-                # A non-finite loss anywhere makes the last backward poison the gradients, so the
-                # overflow check at the optimizer step discards the whole step on every rank.
-                loss = loss * float("nan")
-            # DeepSpeed averages gradients over ranks; the global loss is their sum.
-            self.engine.backward(loss * self.world_size)
-            tally.loss += float(loss.detach())
-            tally.padding += mb.num_padding
-            tally.tokens += mb.num_tokens
         lr = float(self.engine.get_lr()[0])
-        failpoint("trainer.optimizer_step")
-        applied, grad_norm = self._optimizer_step()
+        empty = UpdatePlan(torch.zeros(0, dtype=torch.long), [])
+        updates = [self._update(plans[u] if u < len(plans) else empty, tokens, alpha, weights, tally)
+                   for u in range(int(num_updates))]
+        applied = all(u.applied for u in updates)
         self.steps_taken += 1
         self.bad_streak = 0 if applied else self.bad_streak + 1
-        metrics = {**self._metrics(tokens, weights, tally, num_action, batch.num_trajectories), "grad_norm": grad_norm, "lr": lr,
-                   "num_micro_batches": num_micro, "skipped": not applied, "familiarity_kept_share": kept_share}
+        kept = [u.familiarity_kept_share for u in updates if u.familiarity_kept_share is not None]
+        grad_norm = sum(u.grad_norm for u in updates) / len(updates)
+        metrics = {**self._metrics(tokens, weights, tally, int(num_action), batch.num_trajectories, len(updates)),
+                   "grad_norm": grad_norm, "lr": lr, "num_micro_batches": sum(u.num_micro_batches for u in updates),
+                   "optimizer_updates": len(updates), "skipped": not applied,
+                   "familiarity_kept_share": sum(kept) / len(kept) if kept else None}
         if self.bad_streak >= self.cfg.max_bad_steps:
             raise TrainingDiverged(
                 f"{self.bad_streak} optimizer steps in a row had a NaN/inf loss or gradient and were skipped "
@@ -248,6 +286,85 @@ class Trainer:
                 f"grad_norm={grad_norm}. Lower trainer.lr, check the teacher log-probs, or set "
                 "objective.clip_eps")
         return metrics
+
+    def _update(self, plan: UpdatePlan, tokens: ActionTokens, alpha: float, weights: torch.Tensor,
+                tally: StepTally) -> UpdateResult:
+        """One optimizer update on the plan's tokens: their loss-mode weights, normalized over the
+        update's tokens on all ranks (written into `weights` at the plan's indices), forward and
+        backward per micro-batch (the other tokens of its sequences at weight 0), the optimizer step."""
+        part = tokens.select(plan.index)
+        # N_traj counts the trajectories with action tokens, as token_weights does in one process
+        num_traj, num_action, num_rows, num_micro = self._global_counts(
+            int(part.traj_ids.unique().numel()), part.count,
+            int(turn_row_index(part.traj_ids, part.turn_ids).unique().numel()), len(plan.micro_batches))
+        teacher_hidden = ([self._teacher_pass(mb, tokens) for mb in plan.micro_batches] if self.teacher is not None
+                          else [])
+        part = tokens.select(plan.index)  # with the familiarity signals the teacher's forward just wrote
+        own = (token_weights(part.traj_ids, part.turn_ids, self.loss_cfg.mode, alpha, self.loss_cfg.constant_k,
+                             num_trajectories=num_traj, num_tokens=num_action, num_turn_rows=num_rows)
+               if part.count else torch.zeros(0))
+        own, kept_share = self._familiarity_weights(own, part)
+        own = self._denoised_weights(own, part)
+        update_weights = torch.zeros(tokens.count)
+        update_weights[plan.index] = own.to(update_weights)
+        weights[plan.index] = own.to(weights)
+        in_update = torch.zeros(tokens.count, dtype=torch.bool)
+        in_update[plan.index] = True
+        nonfinite = False
+        for i in range(num_micro):
+            last = i == num_micro - 1
+            mb = plan.micro_batches[i] if i < len(plan.micro_batches) else padding_micro_batch()
+            self.engine.set_gradient_accumulation_boundary(last)
+            if mb.num_tokens == 0:  # padding micro-batch: a zero loss through every trained parameter
+                loss = self._padding_loss(mb)
+            else:
+                per_token, kl = self._token_losses(mb, tokens, teacher_hidden[i] if teacher_hidden else None)
+                loss = (update_weights[mb.action_index].to(per_token) * per_token).sum()
+                mine = in_update[mb.action_index]
+                tally.token_loss[mb.action_index[mine]] = per_token.detach().double().cpu()[mine]
+                tally.token_kl[mb.action_index[mine]] = kl.detach().double().cpu()[mine]
+            nonfinite = nonfinite or not bool(torch.isfinite(loss))
+            if last and self._any_rank(nonfinite):
+                # A non-finite loss anywhere makes the last backward poison the gradients, so the
+                # overflow check at the optimizer step discards the whole update on every rank.
+                loss = loss * float("nan")
+            # DeepSpeed averages gradients over ranks; the global loss is their sum.
+            self.engine.backward(loss * self.world_size)
+            tally.loss += float(loss.detach())
+            tally.padding += mb.num_padding
+            tally.tokens += mb.num_tokens
+        failpoint("trainer.optimizer_step")
+        applied, grad_norm = self._optimizer_step()
+        return UpdateResult(applied, grad_norm, kept_share, num_micro)
+
+    def _plan_updates(self, batch: TokenBatch, tokens: ActionTokens) -> list[UpdatePlan]:
+        """The step's updates: one on every action token of this rank, or with turn_rows_per_update K
+        one per K / ranks consecutive turn rows of this rank in batch order (trajectory by trajectory,
+        turn by turn; the last may hold fewer)."""
+        rows = self.cfg.turn_rows_per_update
+        if rows is None:
+            chunks = [torch.arange(tokens.count)]
+        else:
+            chunk_of_token = turn_row_index(tokens.traj_ids, tokens.turn_ids) // (rows // self.world_size)
+            chunks = [(chunk_of_token == c).nonzero().squeeze(1) for c in torch.unique(chunk_of_token).tolist()]
+        return [UpdatePlan(index, self._pack(batch, tokens.sequence_ids[index].unique().tolist())) for index in chunks]
+
+    @torch.no_grad()
+    def _proximal_logprobs(self, batch: TokenBatch, tokens: ActionTokens) -> torch.Tensor:
+        """The student's log-prob of every action token under the weights the step starts from, from a
+        forward without grad before its first update (AReaL's recomputed prox_logp, verl's recomputed
+        old_log_prob): what k1_decoupled reads as pi_prox when a step takes several updates."""
+        micro_batches = self._pack(batch, tokens.sequence_ids.unique().tolist())
+        (most,) = self._all_reduce([len(micro_batches)], "max")  # ZeRO-3 forwards join collectives
+        out = torch.zeros(tokens.count)
+        for i in range(int(most)):
+            mb = micro_batches[i] if i < len(micro_batches) else padding_micro_batch()
+            unused = torch.zeros(int(mb.scored.sum()), device=self.device)
+            nll = self.engine(mb.input_ids.to(self.device), mb.scored.to(self.device), ESTIMATORS.get("nll"),
+                              self.objective, TokenInputs(sampling=unused, teacher=unused))["loss"]
+            if mb.num_tokens:
+                out[mb.action_index] = -nll.float().cpu()
+        return out
 
     def _check_batch(self, batch: TokenBatch) -> None:
         if self.estimator.needs_teacher_topk and batch.teacher_topk_ids is None:
@@ -259,9 +376,9 @@ class Trainer:
             raise ValueError("a sequence starts with an action token: its log-prob has no context to be "
                              "predicted from (every sequence must begin with prompt tokens)")
 
-    def _pack(self, batch: TokenBatch) -> list[MicroBatch]:
-        """Micro-batches of the sequences that hold action tokens (the others need no forward)."""
-        trained = [i for i, rows in enumerate(batch.sequences()) if bool(batch.loss_mask[rows].any())]
+    def _pack(self, batch: TokenBatch, trained: list[int]) -> list[MicroBatch]:
+        """Micro-batches of the sequences `trained` (those that hold the update's action tokens; the
+        others need no forward)."""
         groups = pack_by_tokens([int(batch.seq_lens[i]) for i in trained], self.cfg.micro_batch_tokens)
         return [build_micro_batch(batch, [trained[j] for j in group]) for group in groups]
 
@@ -280,14 +397,14 @@ class Trainer:
 
     def _denoised_weights(self, weights: torch.Tensor, tokens: ActionTokens) -> torch.Tensor:
         """World-model rollouts with several samples per step: each trajectory's Inverse-Variance
-        Denoising factor f (turnopd.algorithm.world_model) scales its tokens' weights, the total kept
+        Denoising factor f (turnopd.algorithm.world_model_corrections) scales its tokens' weights, the total kept
         (w' = w f W / W', sums over all ranks)."""
         if not self.world_model_weights:
             return weights
-        factors = tokens.signals.get(WORLD_MODEL_WEIGHT)
+        factors = tokens.trajectory_weights
         if factors is None and tokens.count:
-            raise ValueError(f"the batch carries no {WORLD_MODEL_WEIGHT} (Trajectory.world_model_weight) for "
-                             "a trainer that denoises world-model rollouts")
+            raise ValueError("the batch carries no trajectory_weights (Trajectory.world_model_weight) for a "
+                             "trainer that denoises world-model rollouts")
         return self._scaled_keeping_total(weights, factors if tokens.count else torch.zeros(0))[0]
 
     def _familiarity_weights(self, weights: torch.Tensor, tokens: ActionTokens) -> tuple[torch.Tensor, float | None]:
@@ -318,6 +435,8 @@ class Trainer:
         idx, device = mb.action_index, self.device
         ids, scored = mb.input_ids.to(device), mb.scored.to(device)
         inputs = TokenInputs(sampling=tokens.old_logprobs[idx].to(device), teacher=tokens.teacher_logprobs[idx].to(device))
+        if tokens.proximal_logprobs is not None:  # else the forward's own, detached (scorer.ActionScorer)
+            inputs = dataclasses.replace(inputs, proximal=tokens.proximal_logprobs[idx].to(device))
         if self.estimator.needs_teacher_topk:
             inputs = dataclasses.replace(inputs, teacher_topk_ids=tokens.topk_ids[idx].to(device),
                                          teacher_topk=tokens.topk_logprobs[idx].to(device))
@@ -351,8 +470,9 @@ class Trainer:
         return self.engine.was_step_applied(), float("nan") if norm is None else float(norm)
 
     def _metrics(self, tokens: ActionTokens, weights: torch.Tensor, tally: StepTally, num_action: int,
-                 num_trajectories: int) -> dict[str, Any]:
-        """Loss, KL and shares over the global batch (summed over ranks)."""
+                 num_trajectories: int, num_updates: int) -> dict[str, Any]:
+        """Loss (the mean over the step's updates of each one's), KL and shares over the global batch
+        (summed over ranks)."""
         mass = (weights.double() * tally.token_loss).abs()
         deep = is_deep_turn(tokens.turn_ids, tokens.traj_ids) if tokens.count else torch.zeros(0, dtype=torch.bool)
         loss, kl_sum, deep_mass, total_mass, pad_tokens, real_tokens = self._sum_over_ranks(
@@ -362,7 +482,7 @@ class Trainer:
         local_signals = {name: per_trajectory_turn_means(values, tokens.traj_ids, tokens.turn_ids, num_trajectories)
                          for name, values in sorted(tokens.signals.items())}
         return {
-            "loss": loss,
+            "loss": loss / num_updates,
             "mean_kl": kl_sum / num_action,
             "deep_turn_share": deep_mass / total_mass if total_mass > 0 else 0.0,
             # per trajectory of the batch, rank-major as gather_objects orders the ranks' trajectories
@@ -392,11 +512,12 @@ class Trainer:
     def _any_rank(self, flag: bool) -> bool:
         return self._all_reduce([float(flag)], "max")[0] > 0
 
-    def _global_counts(self, num_traj: int, num_action: int, num_micro: int) -> tuple[int, int, int]:
-        """(N_traj, N_tokens) summed over ranks, and the most micro-batches any rank has."""
-        total_traj, total_action = self._sum_over_ranks([num_traj, num_action])
+    def _global_counts(self, num_traj: int, num_action: int, num_rows: int, num_micro: int
+                       ) -> tuple[int, int, int, int]:
+        """(N_traj, N_tokens, N_rows) summed over ranks, and the most micro-batches any rank has."""
+        total_traj, total_action, total_rows = self._sum_over_ranks([num_traj, num_action, num_rows])
         (most_micro,) = self._all_reduce([num_micro], "max")
-        return int(total_traj), int(total_action), int(most_micro)
+        return int(total_traj), int(total_action), int(total_rows), int(most_micro)
 
     # ---------------------------------------------------------------------------------------
     # Checkpoints
@@ -419,6 +540,9 @@ class Trainer:
         state_dir = Path(directory) / "deepspeed"
         if not (state_dir / CHECKPOINT_TAG).is_dir():
             raise FileNotFoundError(f"no trainer state in {directory} (expected {state_dir / CHECKPOINT_TAG})")
+        # DeepSpeed's own loader unpickles with weights_only=False: a crafted file would run code.
+        # Its state files hold tensors, plain data and the few DeepSpeed classes named here.
+        self.engine.checkpoint_engine.load = functools.partial(load_plain, allowed=deepspeed_state_classes())
         path, client = self.engine.load_checkpoint(str(state_dir), tag=CHECKPOINT_TAG, load_module_strict=not self.adapter_only,
                                                    load_optimizer_states=True, load_lr_scheduler_states=True)
         if path is None:

@@ -16,9 +16,12 @@ A weight version is the number of optimizer steps behind the weights; a trajecto
 version it started with (its oldest tokens). Stale tokens are corrected by the k1 importance ratio
 exp(s_new - s_old), s_old being the log-prob stored when the token was sampled
 (turnopd.algorithm.objective.k1_loss, clipped by `objective.clip_eps`); the token-weight modes are the same
-in every mode. Probes for the depth controller are always uncensored (full depth) and generated
-with the newest weights: a probe request waits for the weights of its own step, and the new cap
-applies to episodes started after the controller's update.
+in every mode. Every episode carries its turn limit from the batch plan (plan.episode_turn_limits:
+probes at the full horizon, env.max_turns; the others at the depth cap), in every mode. Probes are
+generated with the newest weights: a probe request waits for the weights of its own step. A new
+cap applies to the plans made after the controller's update: in sync the next step's, in
+one_step_off the step after it (the next batch is planned and generated while this step trains),
+in pool the waves requested after it.
 """
 
 from turnopd.orchestration.pipeline import generator, in_process  # noqa: F401  (register the modes)

@@ -29,9 +29,11 @@ class PipelineStats:
 class Rollouts(Protocol):
     """Where the loop gets each step's scored trajectories.
 
-    take(plan)                 the step's trajectories (this rank's share), teacher-scored
-    prepare(plan)              the next step's plan, known once the depth controller has been updated
-                               (asynchronous modes start generating it now)
+    take(plan)                 the step's trajectories (this rank's share), teacher-scored, each played
+                               within its turn limit from the plan
+    prepare(plan)              the next step's plan, made while this step trains, before this step's
+                               depth update: asynchronous modes start generating it now (so there step
+                               k's update first caps step k + 2; sync plays at take, k + 1)
     publish(weights, version)  new student weights after an optimizer step
     stats()                    PipelineStats of the batch `take` returned last
     take_replica_stats()       per teacher served by replicas, each replica's requests, failures,

@@ -41,6 +41,7 @@ from envs.pool import EnvPool
 from teachers import make_teachers, merge_replica_stats, replica_stats
 from turnopd.algorithm.budget import DepthSchedule
 from turnopd.config import RunConfig
+from turnopd.core.device import pin_process_to_local_gpu
 from turnopd.core.distributed import rank_and_world
 from turnopd.core.ledger import Ledger
 from turnopd.core.types import Trajectory
@@ -61,7 +62,7 @@ JOIN_TIMEOUT_S = 60.0  # for the generator to finish its current request when th
 
 
 @dataclass(frozen=True)
-class Request:
+class GenerationRequest:
     """Play these episodes with weights at least `min_version` new. A pool `wave` loads newer
     weights between generation calls and feeds the queue; otherwise the answer is one step's batch."""
 
@@ -102,7 +103,7 @@ class GeneratorError(RuntimeError):
     """The generator process failed or died more often than `pipeline.max_generator_restarts`."""
 
 
-def _next_request(requests: Any, stop: Any, trainer: Any) -> Request | None:
+def _next_request(requests: Any, stop: Any, trainer: Any) -> GenerationRequest | None:
     """The next request, or None when the run is over (told to stop, or the trainer is gone)."""
     while True:
         try:
@@ -113,10 +114,12 @@ def _next_request(requests: Any, stop: Any, trainer: Any) -> Request | None:
                 return None
 
 
-def _generator_main(cfg: RunConfig, setup: Setup, weights: SharedWeights, cap: Any, requests: Any,
+def _generator_main(cfg: RunConfig, setup: Setup, weights: SharedWeights, requests: Any,
                     results: Connection, stop: Any, threads: int) -> None:
     """The generator process: answers requests until the run is over."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the training process, which stops us
+    for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C and a scheduler's stop are for the training
+        signal.signal(signum, signal.SIG_IGN)       # process, which stops us at its next safe point
+    pin_process_to_local_gpu()  # before any engine: rank r's generator uses rank r's GPU
     torch.set_num_threads(threads)
     trainer = torch_mp.parent_process()
     ledger = Ledger()
@@ -131,7 +134,7 @@ def _generator_main(cfg: RunConfig, setup: Setup, weights: SharedWeights, cap: A
             policy.weight_version = -1  # the folder's weights, not yet the trainer's
             pool = EnvPool.for_config(setup.spec, cfg.env)
         with pool:
-            asyncio.run(_serve(cfg, setup, weights, cap, requests, results, stop, trainer, ledger, policy, pool,
+            asyncio.run(_serve(cfg, setup, weights, requests, results, stop, trainer, ledger, policy, pool,
                                teachers))
     except (PeerGone, BrokenPipeError):
         return  # the run is over, or the training process is gone: nobody to answer
@@ -148,7 +151,7 @@ def generator_slots(cfg: RunConfig) -> int:
     return max(len(range(rank, n, world)) for n in sizes)
 
 
-async def _serve(cfg: RunConfig, setup: Setup, weights: SharedWeights, cap: Any, requests: Any,
+async def _serve(cfg: RunConfig, setup: Setup, weights: SharedWeights, requests: Any,
                  results: Connection, stop: Any, trainer: Any, ledger: Ledger, policy: Any, pool: EnvPool,
                  teachers: dict[str, Any]) -> None:
     """Answer each request in a task of its own as it comes (the next one may start while earlier
@@ -162,14 +165,14 @@ async def _serve(cfg: RunConfig, setup: Setup, weights: SharedWeights, cap: Any,
     def running() -> bool:
         return trainer.is_alive() and not stop.value
 
-    async def play(request: Request, episode: int, task: str) -> Trajectory:
+    async def play(request: GenerationRequest, episode: int, task: str) -> Trajectory:
         async with slots.slot() as slot:
-            probe = episode < request.episodes.probes
-            turns = cfg.env.max_turns if probe else cap.value  # the cap when it starts
             return await play_episode(setup.spec, pool, policy, task, slot=slot, episode=episode, env_config=cfg.env,
-                                      sampling=request.episodes.sampling, cap=turns, is_probe=probe, ledger=ledger)
+                                      sampling=request.episodes.sampling,
+                                      turn_limit=request.episodes.turn_limits[episode],
+                                      is_probe=episode < request.episodes.probes, ledger=ledger)
 
-    async def answer(request: Request) -> None:
+    async def answer(request: GenerationRequest) -> None:
         try:
             with ledger.busy("answering"):
                 # probes (and one_step_off batches) wait for the weights of their step
@@ -266,9 +269,9 @@ class GeneratorRollouts:
         self.mode, self.start_step, self.train_steps = cfg.pipeline.mode, start_step, list(train_steps)
         rank, world = rank_and_world()
         self.batch = len(range(rank, cfg.trainer.episodes_per_step, world))  # this rank's share of a step
-        self.cap = SPAWN.Value("i", cfg.env.max_turns, lock=False)  # for episodes started from now on
+        self.wave_cap = cfg.env.max_turns  # pool: the cap of the newest plan, for the waves requested next
         self.stop = SPAWN.Value("b", False, lock=False)
-        self.pending: dict[int, Request] = {}  # sent, not answered yet: sent again after a restart
+        self.pending: dict[int, GenerationRequest] = {}  # sent, not answered yet: sent again after a restart
         self.answers: dict[int, Produced] = {}  # answered step batches (and probes), not taken yet
         self.step_requests: dict[int, int] = {}  # step -> the request for its batch
         self.fifo: deque[Trajectory] = deque()  # pool: trajectories of answered waves, oldest first
@@ -292,7 +295,7 @@ class GeneratorRollouts:
     # ---- the loop's calls ---------------------------------------------------------------------
 
     def take(self, plan: BatchPlan) -> list[Trajectory]:
-        self._follow_cap(plan)
+        self._follow_plan(plan)
         version = self.weights.version.value
         dropped = 0
         if plan.probe or self.mode == "one_step_off":
@@ -320,7 +323,7 @@ class GeneratorRollouts:
         return trajectories
 
     def prepare(self, plan: BatchPlan) -> None:
-        self._follow_cap(plan)
+        self._follow_plan(plan)
         if plan.probe or self.mode == "one_step_off":
             self._request_step(plan)
         self._top_up()
@@ -362,9 +365,11 @@ class GeneratorRollouts:
 
     # ---- requests and answers -----------------------------------------------------------------
 
-    def _follow_cap(self, plan: BatchPlan) -> None:
+    def _follow_plan(self, plan: BatchPlan) -> None:
+        """pool: waves requested from now on play at this plan's cap (a wave carries its turn limits
+        from its request, as a step's batch carries its plan's)."""
         if not plan.probe:
-            self.cap.value = plan.cap
+            self.wave_cap = plan.cap
 
     def _request_step(self, plan: BatchPlan) -> None:
         """The batch of one step: probes wait for the step's own weights, one_step_off rollouts
@@ -378,7 +383,7 @@ class GeneratorRollouts:
         if self.mode != "pool":
             return
         while True:
-            episodes = wave_episodes(self.cfg, self.setup.train_tasks, self.start_step, self.waves)
+            episodes = wave_episodes(self.cfg, self.setup.train_tasks, self.start_step, self.waves, self.wave_cap)
             version, bound = self.weights.version.value, self.cfg.pipeline.max_staleness
             if not may_request_wave(self.wave_requested, len(episodes.tasks), self.batch, version, bound,
                                     self.train_steps):
@@ -388,7 +393,7 @@ class GeneratorRollouts:
             self.wave_requested += len(episodes.tasks)
 
     def _send(self, episodes: Episodes, min_version: int, wave: bool) -> int:
-        request = Request(self._next_id, episodes, min_version, wave)
+        request = GenerationRequest(self._next_id, episodes, min_version, wave)
         self._next_id += 1
         self.pending[request.id] = request
         self._generator.requests.put(request)
@@ -433,7 +438,7 @@ class GeneratorRollouts:
         receiving, sending = SPAWN.Pipe(duplex=False)
         requests = SPAWN.Queue()
         process = SPAWN.Process(target=_generator_main, name=f"turnopd-generator-{number}", args=(
-            self.cfg, self.setup, self.weights, self.cap, requests, sending, self.stop,
+            self.cfg, self.setup, self.weights, requests, sending, self.stop,
             self._generator_threads))
         process.start()
         sending.close()  # the generator holds the only writing end: its death reads as end-of-file

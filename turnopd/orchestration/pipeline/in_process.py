@@ -17,7 +17,7 @@ from turnopd.orchestration.pipeline.base import PIPELINE_MODES, PipelineMode, Pi
 from turnopd.orchestration.pipeline.plan import BatchPlan, play_and_score, step_episodes
 from turnopd.orchestration.preflight import Setup
 from turnopd.rollout import Policy
-from turnopd.rollout.world_model import WorldModelPool
+from turnopd.rollout.world_model_pool import WorldModelPool
 
 
 class InProcessRollouts:
@@ -35,7 +35,7 @@ class InProcessRollouts:
         if self.world is not None:
             self.world.start_batch(plan.step)
         return play_and_score(self.cfg, self.setup.spec, self.pool, self.policy, self.teachers,
-                              step_episodes(self.cfg, self.setup.train_tasks, plan), plan.cap, self.ledger,
+                              step_episodes(self.cfg, self.setup.train_tasks, plan), self.ledger,
                               world=self.world)
 
     def prepare(self, plan: BatchPlan) -> None:

@@ -13,7 +13,7 @@ from envs.pool import EnvPool
 from teachers import Teacher, score_trajectories
 from turnopd.algorithm.budget import DepthSchedule
 from turnopd.algorithm.objective import ESTIMATORS
-from turnopd.algorithm.world_model import inverse_variance_weights, trajectory_variance
+from turnopd.algorithm.world_model_corrections import inverse_variance_weights, trajectory_variance
 from turnopd.config import RunConfig
 from turnopd.core.distributed import rank_and_world
 from turnopd.core.ledger import Ledger
@@ -21,7 +21,7 @@ from turnopd.core.types import Trajectory
 from turnopd.orchestration.preflight import scoring_topk
 from turnopd.rollout import Policy, SamplingParams
 from turnopd.rollout.engine import rollout
-from turnopd.rollout.world_model import WorldModelPool
+from turnopd.rollout.world_model_pool import WorldModelPool
 
 # Task draws: salt 0 for a step's rollouts, 1 for its probes, POOL_SALT + start_step for pool waves
 # (so that a resumed run does not replay the waves of the run it continues).
@@ -42,39 +42,53 @@ def step_sampling(cfg: RunConfig, step: int) -> SamplingParams:
                           stop=tuple(p.stop), seed=cfg.seed * 1_000_003 + step)
 
 
+def episode_turn_limits(episodes: int, probes: int, cap: int, horizon: int) -> tuple[int, ...]:
+    """The turn budget of a batch, decided here and nowhere else: each episode's most turns. The first
+    `probes` are the depth controller's probes and play the full horizon (env.max_turns: uncensored,
+    or their statistics would shrink the cap that censored them); the others play at most `cap`."""
+    return (horizon,) * probes + (min(cap, horizon),) * (episodes - probes)
+
+
 @dataclass(frozen=True)
 class BatchPlan:
-    """What optimizer step `step` trains on: `episodes` episodes, the first `probes` of them full-depth
-    probes for the depth controller, the rest capped at `cap` turns. A probe step (all probes:
-    periodic probing) plays at full depth (cap = max_turns)."""
+    """What optimizer step `step` trains on: one episode per entry of `turn_limits` (its most turns,
+    episode_turn_limits), the first `probes` of them full-depth probes for the depth controller."""
 
     step: int
-    cap: int
-    episodes: int
+    turn_limits: tuple[int, ...]
     probes: int = 0
+
+    @property
+    def episodes(self) -> int:
+        return len(self.turn_limits)
 
     @property
     def probe(self) -> bool:
         """A probe step: every episode is a probe."""
         return self.probes > 0 and self.probes == self.episodes
 
+    @property
+    def cap(self) -> int:
+        """The step's rollout-depth cap: its non-probe episodes' limit (the horizon on a probe step)."""
+        return self.turn_limits[-1]
+
 
 def plan_batch(depth: DepthSchedule, step: int, cfg: RunConfig) -> BatchPlan:
     """A step's batch is trainer.episodes_per_step episodes, its probes among them (depth.num_probes,
-    when set, makes a probe step that many instead)."""
+    when set, makes a probe step that many instead), each with its turn limit."""
     episodes = cfg.trainer.episodes_per_step
     probes = depth.probes_at(step, episodes)
-    if probes >= episodes:
-        return BatchPlan(step, cfg.env.max_turns, probes, probes)
-    return BatchPlan(step, depth.cap_at(step), episodes, probes)
+    episodes = max(episodes, probes)
+    return BatchPlan(step, episode_turn_limits(episodes, probes, depth.cap_at(step), cfg.env.max_turns), probes)
 
 
 @dataclass(frozen=True)
 class Episodes:
-    """Episodes to play: this rank's task ids (one episode each), their sampling, and how many of
-    them (the first ones) are probes."""
+    """Episodes to play: this rank's task ids (one episode each), each one's turn limit, their
+    sampling, and how many of them (the first ones) are probes."""
 
     tasks: list[str]
+    turn_limits: tuple[int, ...]
     sampling: SamplingParams
     probes: int = 0
     simulated: tuple[bool, ...] = ()  # per task: it plays the world model (empty: every one plays the real env)
@@ -85,14 +99,14 @@ class Episodes:
 
 
 def step_episodes(cfg: RunConfig, train_tasks: list[str], plan: BatchPlan) -> Episodes:
-    """This rank's share of step `plan.step`'s episodes: the same tasks and seeds in every mode. A
-    probe step draws its tasks apart (salt 1) from a rollout step's (salt 0)."""
+    """This rank's share of step `plan.step`'s episodes: the same tasks, seeds and turn limits in every
+    mode. A probe step draws its tasks apart (salt 1) from a rollout step's (salt 0)."""
     rank, world = rank_and_world()
     tasks = sample_tasks(train_tasks, plan.episodes, cfg.seed, plan.step, salt=int(plan.probe))[rank::world]
     simulated = (simulated_episodes(plan.episodes, plan.probes, cfg.world_model.real_fraction, cfg.seed,
                                     plan.step)[rank::world] if cfg.world_model.path is not None else ())
-    return Episodes(tasks, step_sampling(cfg, plan.step), probes=len(range(rank, plan.probes, world)),
-                    simulated=tuple(simulated))
+    return Episodes(tasks, plan.turn_limits[rank::world], step_sampling(cfg, plan.step),
+                    probes=len(range(rank, plan.probes, world)), simulated=tuple(simulated))
 
 
 def simulated_episodes(n: int, probes: int, real_fraction: float, seed: int, step: int) -> list[bool]:
@@ -103,15 +117,17 @@ def simulated_episodes(n: int, probes: int, real_fraction: float, seed: int, ste
     return [i >= probes and bool(draws[i] >= real_fraction) for i in range(n)]
 
 
-def wave_episodes(cfg: RunConfig, train_tasks: list[str], start_step: int, wave: int) -> Episodes:
-    """This rank's share of pool wave `wave` of a run (re)started at `start_step`: tasks and
-    sampling seed are pure functions of (seed, start_step, wave)."""
+def wave_episodes(cfg: RunConfig, train_tasks: list[str], start_step: int, wave: int, cap: int) -> Episodes:
+    """This rank's share of pool wave `wave` of a run (re)started at `start_step`, capped at `cap`
+    turns (no probes: those are step batches): tasks and sampling seed are pure functions of (seed,
+    start_step, wave)."""
     rank, world = rank_and_world()
     salt = POOL_SALT + start_step
     n = cfg.pipeline.wave_episodes or cfg.trainer.episodes_per_step
     tasks = sample_tasks(train_tasks, n, cfg.seed, wave, salt)[rank::world]
     seed = int(np.random.default_rng([cfg.seed, wave, salt]).integers(2**31))
-    return Episodes(tasks, dataclasses.replace(step_sampling(cfg, wave), seed=seed))
+    return Episodes(tasks, episode_turn_limits(len(tasks), 0, cap, cfg.env.max_turns),
+                    dataclasses.replace(step_sampling(cfg, wave), seed=seed))
 
 
 def score(cfg: RunConfig, teachers: dict[str, Teacher], trajectories: list[Trajectory]) -> None:
@@ -122,15 +138,15 @@ def score(cfg: RunConfig, teachers: dict[str, Teacher], trajectories: list[Traje
 
 
 def play_and_score(cfg: RunConfig, spec: EnvSpec, pool: EnvPool, policy: Policy, teachers: dict[str, Teacher],
-                   episodes: Episodes, cap: int, ledger: Ledger, world: WorldModelPool | None = None) -> list[Trajectory]:
-    """Play the episodes (all at once; probes at full depth, the others for at most `cap` turns; the
-    simulated ones in `world`) and score them (see score). With world_model.samples >= 2 each
+                   episodes: Episodes, ledger: Ledger, world: WorldModelPool | None = None) -> list[Trajectory]:
+    """Play the episodes (all at once, each within its turn limit; the simulated ones in `world`) and
+    score them (see score). With world_model.samples >= 2 each
     trajectory's loss weight is its inverse-variance factor. The whole is the ledger's "probe" (a
     probe step) or "rollout" phase; inside it, generation, env, world_model and teacher are busy
     times (the first three overlap)."""
     with ledger.phase("probe" if episodes.probe else "rollout"):
         trajectories = rollout(spec, pool, policy, episodes.tasks, env_config=cfg.env, sampling=episodes.sampling,
-                               cap=cap, probes=episodes.probes, ledger=ledger, world=world,
+                               turn_limits=episodes.turn_limits, probes=episodes.probes, ledger=ledger, world=world,
                                simulated=episodes.simulated)
         if world is not None and cfg.world_model.samples >= 2:
             weights = inverse_variance_weights([trajectory_variance(t.world_model_disagreements) for t in trajectories],

@@ -1,0 +1,106 @@
+"""The turn budget: the batch plan decides every episode's turn limit (probes at the full horizon,
+env.max_turns), episodes carry it, and the engine only reads it (tests/rollout/test_engine.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from turnopd.algorithm.budget import DepthController, make_depth_schedule
+from turnopd.config import DepthConfig, EnvConfig, RunConfig, TrainerConfig
+from turnopd.core.ledger import Ledger
+from turnopd.core.metrics import StepRecord
+from turnopd.core.types import Trajectory, Turn, build_token_batch
+from turnopd.orchestration.pipeline.plan import BatchPlan, episode_turn_limits, plan_batch, step_episodes
+from turnopd.orchestration.run_log import timed_evaluation
+
+
+def test_episode_turn_limits_by_hand():
+    # 5 episodes, 2 probes, cap 7, horizon 40: the probes play 40, the rest 7
+    assert episode_turn_limits(5, 2, 7, 40) == (40, 40, 7, 7, 7)
+    assert episode_turn_limits(3, 3, 7, 40) == (40, 40, 40)  # a probe step
+    assert episode_turn_limits(2, 0, 50, 40) == (40, 40)  # a cap above the horizon is the horizon
+
+
+def _cfg(episodes: int, horizon: int) -> RunConfig:
+    return RunConfig(env=EnvConfig(max_turns=horizon), trainer=TrainerConfig(episodes_per_step=episodes))
+
+
+def test_plan_batch_probe_steps_mixed_steps_and_rollout_steps():
+    cfg = _cfg(episodes=4, horizon=30)
+    depth = DepthController(h_min=2, h_max=30, min_successes=1, warmup_steps=1, probe_every=2)
+    depth.cap = 9  # as if updated
+    probe = plan_batch(depth, 1, cfg)  # warm-up 1, every 2 steps: steps 1, 3, ... probe the whole batch
+    assert (probe.turn_limits, probe.probes, probe.probe, probe.cap) == ((30, 30, 30, 30), 4, True, 30)
+    rollouts = plan_batch(depth, 2, cfg)
+    assert (rollouts.turn_limits, rollouts.probes, rollouts.probe, rollouts.cap) == ((9, 9, 9, 9), 0, False, 9)
+    more = plan_batch(DepthController(h_max=30, warmup_steps=0, num_probes=6), 0, cfg)  # a probe step of 6
+    assert more.turn_limits == (30,) * 6 and more.probe
+    mixed = plan_batch(DepthController(h_max=30, warmup_steps=0, num_probes=2), 0, cfg)  # 2 probes among 4
+    assert (mixed.turn_limits, mixed.probe, mixed.cap) == ((30, 30, 30, 30), False, 30)  # no update yet: cap 30
+    continuous = DepthController(h_max=30, warmup_steps=0, probe_fraction=0.25)
+    continuous.cap = 5
+    assert plan_batch(continuous, 3, cfg).turn_limits == (30, 5, 5, 5)  # round(0.25 x 4) = 1 probe
+    # the horizon is env.max_turns: the schedule a recipe builds caps within it
+    assert make_depth_schedule(DepthConfig(mode="full"), horizon=cfg.env.max_turns).cap_at(0) == 30
+
+
+def test_episodes_carry_their_turn_limits_to_each_rank(monkeypatch):
+    cfg = _cfg(episodes=4, horizon=30)
+    plan = BatchPlan(3, turn_limits=(30, 30, 6, 6), probes=2)
+    tasks = [f"t{i}" for i in range(10)]
+    whole = step_episodes(cfg, tasks, plan)
+    assert (whole.turn_limits, whole.probes) == ((30, 30, 6, 6), 2)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    share = step_episodes(cfg, tasks, plan)  # rank 1 of 2: episodes 1 and 3
+    assert (share.tasks, share.turn_limits, share.probes) == (whole.tasks[1::2], (30, 6), 1)
+
+
+def _trajectory(turn_tokens: list[int], weight: float | None) -> Trajectory:
+    turns = [Turn(index=i, observation="", prompt_ids=[1, 2], action_ids=[3] * n, student_logprobs=[-1.0] * n)
+             for i, n in enumerate(turn_tokens)]
+    return Trajectory(task_id="t", env_name="e", turns=turns, world_model_weight=weight)
+
+
+def test_trajectory_loss_factors_are_their_own_field_of_the_token_batch():
+    batch = build_token_batch([_trajectory([2, 1], 0.5), _trajectory([3], None), _trajectory([1], 2.0)])
+    # one factor per trajectory, 1 where it carries none; not a turn signal
+    assert batch.trajectory_weights.tolist() == [0.5, 1.0, 2.0]
+    assert batch.turn_signals == {}
+    # each action token's factor is its trajectory's (2 + 1 tokens, then 3, then 1)
+    factors = batch.trajectory_weights[batch.traj_ids[batch.loss_mask]].tolist()
+    assert factors == [0.5, 0.5, 0.5, 1.0, 1.0, 1.0, 2.0]
+    assert build_token_batch([_trajectory([1], None)]).trajectory_weights is None
+
+
+def test_step_record_round_trips_and_reads_older_records():
+    record = StepRecord(step=3, train_time_s=12.5, rollout_depth_cap=7, probed=True, h_eff=4.0, tokens_trained=99)
+    saved = record.to_json()
+    assert saved["kind"] == "train" and list(saved)[0] == "kind"
+    assert "world_model_bias" not in saved  # a run without world-model rollouts writes none of their fields
+    assert StepRecord.from_json(saved) == record
+    older = StepRecord.from_json({"kind": "train", "step": 1, "train_time_s": 2.0, "a_removed_field": 1})
+    assert (older.step, older.turn_signal_profiles, older.h_cov) == (1, {}, None)
+
+
+def test_an_evaluation_is_off_the_training_clock_and_carries_its_own_time():
+    now = [100.0]
+    ledger = Ledger(clock=lambda: now[0])
+    now[0] = 130.0  # 30 s of training
+
+    def evaluation():
+        now[0] += 12.0  # the evaluation takes 12 s
+        return "result"
+
+    result, train_time_s, eval_time_s = timed_evaluation(ledger, evaluation)
+    assert (result, train_time_s, eval_time_s) == ("result", 30.0, 12.0)
+    assert ledger.train_time() == pytest.approx(30.0)  # the 12 s are not training
+
+
+def test_work_spent_adds_the_work_of_each_step_and_keeps_the_clock():
+    from turnopd.core.metrics import WorkSpent
+
+    spent = WorkSpent()
+    spent.add(StepRecord(step=1, train_time_s=10.0, env_steps=30, tokens_generated=200, tokens_trained=900))
+    spent.add(StepRecord(step=2, train_time_s=25.5, env_steps=12, tokens_generated=80, tokens_trained=400))
+    assert spent == WorkSpent(train_time_s=25.5, env_steps=42, tokens_generated=280, tokens_trained=1300)

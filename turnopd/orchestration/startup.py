@@ -1,0 +1,143 @@
+"""Opening a distillation run: check the recipe's setup, build the models a run needs once, load
+them, and restore the last checkpoint of a resumed run. `open_run` returns the DistillRun the loop
+(turnopd.orchestration.distill.train) trains."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from teachers import Teacher, check_tokenizers, make_teachers
+from turnopd.algorithm.budget import DepthSchedule, make_depth_schedule
+from turnopd.algorithm.objective import ESTIMATORS
+from turnopd.config import RunConfig
+from turnopd.core import checkpoint as ckpt
+from turnopd.core.distributed import barrier, rank_and_world
+from turnopd.core.ledger import Ledger
+from turnopd.core.metrics import WorkSpent, truncate_after_step
+from turnopd.engines.hf_models import load_student
+from turnopd.models import prepare_model
+from turnopd.orchestration.preflight import Setup, check_setup, run_dir_for
+from turnopd.orchestration.run_log import RunLog
+from turnopd.orchestration.sft import build_missing_teacher
+from turnopd.rollout import Policy, make_policy
+from turnopd.trainer import Trainer
+from turnopd.trainer.engine import init_process_group
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class DistillRun:
+    """An opened distillation run: its recipe and setup, the models built and loaded, and where it starts."""
+
+    cfg: RunConfig
+    setup: Setup
+    run_dir: Path
+    start_step: int
+    ledger: Ledger
+    log: RunLog
+    trainer: Trainer
+    tokenizer: Any
+    policy: Policy
+    teachers: dict[str, Teacher]
+    depth: DepthSchedule
+    spent: WorkSpent  # the training clock and work so far (trainer.budget counts in them)
+
+    @property
+    def budget_reached(self) -> bool:
+        budget = self.cfg.trainer.budget
+        return budget is not None and getattr(self.spent, budget.unit) >= budget.amount
+
+
+def build_missing_models(cfg: RunConfig, setup: Setup) -> None:
+    """On rank 0, before any rank loads them: teachers trained by their sft_recipe and the student
+    built by its preparation, where their folders do not exist yet."""
+    if rank_and_world()[0] == 0:
+        for spec in setup.teacher_specs.values():
+            build_missing_teacher(spec)
+        if cfg.student.prepare is not None and not setup.student_path.exists():
+            prepare_model(cfg.student.prepare, setup.student_path, **cfg.student.prepare_options)
+    barrier()
+
+
+def restore_checkpoint(run_dir: Path, trainer: Trainer) -> dict[str, Any] | None:
+    """Load the newest checkpoint that reads back into the trainer and return its loop state (a torn
+    or corrupted one, say by a full disk or a copy cut short, is passed over with a warning: the one
+    before it is complete)."""
+    for checkpoint in reversed(ckpt.list_checkpoints(run_dir)):
+        try:
+            state = ckpt.load_loop_state(checkpoint)
+            trainer.load(checkpoint)
+            ckpt.load_rng(checkpoint)
+            return state
+        except Exception as exc:  # noqa: BLE001 - whatever the damage, the previous checkpoint may do
+            print(f"warning: checkpoint {checkpoint} cannot be read ({type(exc).__name__}: {str(exc)[:300]}); "
+                  "trying the one before it", file=sys.stderr, flush=True)
+    return None
+
+
+def save_checkpoint(run: DistillRun, step: int) -> None:
+    """The trainer's state and the loop's (clocks, depth controller) after `step` optimizer steps."""
+    ckpt.save_checkpoint(run.run_dir, step, run.trainer, run.tokenizer, {
+        "train_time_s": run.ledger.train_time(), "wall_time_s": run.ledger.wall_time(),
+        "depth": run.depth.state_dict(), "spent": dataclasses.asdict(run.spent)}, run.cfg.checkpoint.keep_last)
+
+
+def load_models(cfg: RunConfig, setup: Setup) -> tuple[Trainer, Any, Policy, dict[str, Teacher]]:
+    """The student in its trainer, its tokenizer, the rollout policy over the trained module, and the
+    teachers (tokenizers checked against the student's)."""
+    student, tokenizer = load_student(setup.student_path, cfg.student.dtype, cfg.student.lora)
+    if cfg.student.lora is not None and rank_and_world()[0] == 0:
+        trainable, total = student.get_nb_trainable_parameters()
+        print(f"training a LoRA adapter (rank {cfg.student.lora.rank}): {trainable / 1e6:.2f}M of "
+              f"{total / 1e6:.1f}M parameters", flush=True)
+    teachers = make_teachers(setup.teacher_specs)
+    for env, teacher in teachers.items():
+        check_tokenizers(tokenizer, teacher.tokenizer, str(setup.student_path), setup.teacher_specs[env].name)
+    in_process = ESTIMATORS.get(cfg.objective.estimator).needs_teacher_model
+    trainer = Trainer(student, cfg.trainer, cfg.objective, cfg.loss, cfg.trainer.steps,
+                      teacher_model=teachers[cfg.env.name].model if in_process else None,
+                      familiarity_cfg=cfg.familiarity,
+                      world_model_weights=cfg.world_model.path is not None and cfg.world_model.samples >= 2)
+    policy = make_policy(cfg.policy, trainer.module, tokenizer=tokenizer, seed=cfg.seed)
+    return trainer, tokenizer, policy, teachers
+
+
+def open_run(cfg: RunConfig, resume: str | None = None) -> DistillRun:
+    """Check the recipe's setup (before any heavy work), build and load the models, and restore the
+    last checkpoint of a resumed run (a run killed before its first checkpoint starts over)."""
+    setup, _ = check_setup(cfg)  # fails fast, naming the problem: data, splits, models, teacher specs
+    run_dir = run_dir_for(cfg, resume)
+    if rank_and_world()[1] > 1:
+        init_process_group()  # for the barrier below (one process joins it later, in the Trainer)
+    build_missing_models(cfg, setup)
+    seed_everything(cfg.seed)  # after the builds, which draw random numbers of their own
+    trainer, tokenizer, policy, teachers = load_models(cfg, setup)
+    depth = make_depth_schedule(cfg.depth, horizon=cfg.env.max_turns)
+
+    start_step, ledger, spent = 0, Ledger(), WorkSpent()
+    state = restore_checkpoint(run_dir, trainer) if resume else None
+    if state is not None:
+        with trainer.gathered_parameters() as student_weights:
+            policy.update_weights(student_weights)
+        depth.load_state_dict(state["depth"])
+        start_step, spent = state["step"], WorkSpent(**state.get("spent", {}))  # older checkpoints: none kept
+        ledger = Ledger(train_time_offset=state["train_time_s"], wall_time_offset=state["wall_time_s"])
+    if resume and rank_and_world()[0] == 0:
+        dropped = truncate_after_step(run_dir / "metrics.jsonl", start_step)
+        if start_step:
+            print(f"resuming {run_dir} from step {start_step} ({dropped} records past it dropped)")
+    log = RunLog(cfg, run_dir, ledger, start_step, setup)
+    return DistillRun(cfg, setup, run_dir, start_step, ledger, log, trainer, tokenizer, policy, teachers, depth, spent)
