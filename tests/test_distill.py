@@ -238,6 +238,7 @@ def test_a_training_budget_ends_the_run_at_the_step_that_reaches_it(models, unin
                           "spent": cumulative[last - 1]}
     assert records[-1]["step"] == last  # the final evaluation, at the last step trained
     _assert_same_steps(run_dir, reference[:last])
+    assert [r["optimizer_updates"] for r in _train_records(run_dir)] == [1, 1]  # a step is one update here
     assert list_checkpoints(run_dir)[-1].name == f"step_{last:06d}"
     again = _distill(models, *args, "--resume", str(run_dir))
     out_again, _ = again.communicate(timeout=900)

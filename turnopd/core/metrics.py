@@ -66,6 +66,7 @@ class StepRecord:
     turn_kl_profile: list[float] = field(default_factory=list)  # mean KL per turn
     deep_turn_share: float = 0.0  # the loss weight on the deep third of turns
     skipped: bool = False  # a NaN/inf step, not applied
+    optimizer_updates: int = 1  # updates this step took (trainer.turn_rows_per_update splits a step into several)
     # per familiarity signal the teacher scored (context_logprob, action_logprob, action_entropy:
     # turnopd.algorithm.familiarity), its mean per turn over the trajectories that reached it
     turn_signal_profiles: dict[str, list[float]] = field(default_factory=dict)

@@ -127,7 +127,7 @@ def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: Dept
         h_cov=diagnostics.get("h_cov"), h_cov_measured=diagnostics.get("h_cov_measured"), alpha=alpha,
         loss=train["loss"], grad_norm=train.get("grad_norm"), lr=train.get("lr"), mean_kl=train["mean_kl"],
         turn_kl_profile=turn_kl_profile(train["turn_kl"]), deep_turn_share=train["deep_turn_share"],
-        skipped=train["skipped"],
+        skipped=train["skipped"], optimizer_updates=train["optimizer_updates"],
         turn_signal_profiles={name: turn_kl_profile(turns) for name, turns in train["turn_signals"].items()},
         familiarity_kept_share=train["familiarity_kept_share"],
         tokens_generated=sum(e.action_tokens for e in episodes), tokens_scored=sum(e.scored_tokens for e in episodes),
