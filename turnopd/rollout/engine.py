@@ -60,7 +60,6 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
     `replay`: env actions played first, without the policy (a takeover from another episode's state):
     they enter the prompt history but are not turns of the trajectory, whose first turn has index
     len(replay), and the policy then plays up to `turn_limit` turns of its own."""
-    depth = turn_limit
     busy = ledger.busy if ledger is not None else (lambda _: nullcontext())
     env = getattr(pool, "ledger_resource", "env")  # a world model's steps are its own busy time, not the env's
     trajectory = Trajectory(task_id=task_id, env_name=spec.name, is_probe=is_probe, task_type=spec.task_type(task_id),
@@ -78,7 +77,7 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
                 next_outcome = await pool.step_slot(slot, action_text)
             history.append((outcome.observation, action_text))
             outcome = next_outcome
-        for turn_index in range(len(history), len(history) + depth):
+        for turn_index in range(len(history), len(history) + turn_limit):
             if outcome.done:
                 break
             prompt = chat_prompt_ids(policy.tokenizer, spec.render_prompt(PromptContext(
@@ -113,7 +112,7 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
     else:
         # Still playing after the last allowed turn: stopped by its turn limit when that was below max_turns;
         # at max_turns the env's own turn limit ended it (not a truncation).
-        trajectory.truncated = depth < env_config.max_turns
+        trajectory.truncated = turn_limit < env_config.max_turns
         pool.end([slot])
     failpoint("rollout.episode_done")
     return trajectory
