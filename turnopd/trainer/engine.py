@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import socket
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,24 @@ def init_process_group() -> None:
     accelerator = get_accelerator()
     backend = "gloo" if accelerator.device_name() == "cpu" else accelerator.communication_backend_name()
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+    atexit.unregister(destroy_process_group)  # once, however often the group is joined
+    atexit.register(destroy_process_group)
+
+
+def destroy_process_group() -> None:
+    """Leave the process group while the interpreter is still whole (registered at exit).
+
+    gloo's worker threads drop their last reference to a finished collective after the caller has
+    moved on, and that drop decrefs Python tensors, so it needs the GIL. If the main thread goes
+    straight from the last collective into interpreter finalization, the worker asks for the GIL
+    too late and the process aborts ("terminate called without an active exception", SIGABRT) after
+    a run that finished. A short GIL-free wait lets the workers finish first (no barrier: a rank
+    leaving on an error must not wait for peers still in a collective).
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    time.sleep(0.2)
+    torch.distributed.destroy_process_group()
 
 
 def load_overrides(value: Any) -> dict[str, Any]:
