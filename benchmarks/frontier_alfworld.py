@@ -36,7 +36,7 @@ final sampled Avg@4 at the rollouts' temperature):
   steps and the final sampled Avg@4; arms vanilla_opd and turnopd, then per seed the equal-work
   control: vanilla OPD stopped by trainer.budget at the env steps that seed's TurnOPD run played
   (its runs are named equal_budget-vanilla_opd_at_turnopd_work-s<seed>); at least 8 seeds
-  (--seeds 8). Ends with `turnopd frontier --margin 5` against vanilla_opd.
+  (--seeds 8). Ends with `turnopd frontier --margin 5` against the control, then vanilla_opd.
 - relabelled_teacher: headroom's settings, turnopd from the SFT teacher (sweep expert_teacher) and
   from the teacher made familiar with the student's states (sweep relabelled_teacher:
   recipes/alfworld/teacher_dagger.yaml, built on first use), same seeds, then one frontier of both.
@@ -224,11 +224,15 @@ def main() -> int:
             code = subprocess.call(command) or code
         if regime == "equal_budget":
             code = equal_work_control(Path(out_dir), args.seeds, args.overrides) or code
-            command = [sys.executable, "-m", "turnopd.cli", "frontier", *sorted(str(p.parent) for p in
-                       Path(out_dir).glob("*/metrics.jsonl")), "--md", "--baseline", "vanilla_opd",
-                       "--margin", str(EQUAL_BUDGET_MARGIN), "--out", f"{out_dir}/frontier.png"]
-            print("$ " + " ".join(command), flush=True)
-            code = subprocess.call(command) or code
+            # the control's seeds differ only in their matched budget: one group. The primary comparison
+            # is against it, the secondary against vanilla OPD at equal steps
+            for baseline in ("equal_budget-vanilla_opd_at_turnopd_work-s0", "vanilla_opd"):
+                command = [sys.executable, "-m", "turnopd.cli", "frontier", *sorted(str(p.parent) for p in
+                           Path(out_dir).glob("*/metrics.jsonl")), "--md", "--baseline", baseline,
+                           "--per-seed", "trainer.budget.amount", "--margin", str(EQUAL_BUDGET_MARGIN),
+                           "--out", f"{out_dir}/frontier.png"]
+                print("$ " + " ".join(command), flush=True)
+                code = subprocess.call(command) or code
         if regime == "world_model":
             world_model_pairs(Path(out_dir))
         if regime.startswith("world_model"):

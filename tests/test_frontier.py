@@ -258,6 +258,22 @@ def test_runs_of_one_method_with_different_recipes_stay_apart(tmp_path: Path):
     assert [r.group.label for r in cmp.rows] == ["lr-small", "lr-big"]
 
 
+def test_a_key_a_run_did_not_record_is_its_default_and_per_seed_keys_do_not_split(tmp_path: Path):
+    def run(name: str, seed: int, env: dict, amount: float):
+        config = {"name": name, "seed": seed, "env": env, "trainer": {"budget": {"unit": "env_steps", "amount": amount}}}
+        return write_run(tmp_path, name, method="vanilla_opd", seed=seed, total_steps=1, train=[(1, 1.0)],
+                         evals=[(1, 1.0, 0.5)], config=config)
+
+    # seed 0 was saved before env.pool existed; seed 1 recorded its default "local"; seed 2 ran on Ray
+    dirs = [run("a-s0", 0, {"name": "alfworld"}, 2842.0), run("a-s1", 1, {"name": "alfworld", "pool": "local"}, 4214.0),
+            run("a-s2", 2, {"name": "alfworld", "pool": "ray"}, 3000.0)]
+    labels = [r.group.label for r in compare([load_run(d) for d in dirs]).rows]
+    assert labels == ["a-s0", "a-s1", "a-s2"]  # the budgets differ: three recipes
+    grouped = compare([load_run(d, per_seed_keys=["trainer.budget.amount"]) for d in dirs]).rows
+    assert [(r.group.label, [run.seed for run in r.group.runs]) for r in grouped] == [("vanilla_opd", [0, 1]),
+                                                                                        ("a-s2", [2])]
+
+
 def test_runs_with_the_same_seed_are_not_aggregated(tmp_path: Path):
     dirs = [write_run(tmp_path, name, method="turnopd", seed=0, total_steps=1, train=[(1, 1.0)],
                       evals=[(1, 1.0, acc)]) for name, acc in (("first", 0.4), ("rerun", 0.6))]

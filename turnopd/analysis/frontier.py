@@ -51,6 +51,7 @@ training wall-clock (seconds of the ledger's training clock, which excludes eval
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -65,6 +66,7 @@ from typing import Any, Literal
 import numpy as np
 from omegaconf import OmegaConf
 
+from turnopd.config import RunConfig
 from turnopd.core.ledger import EXCLUDED_FROM_TRAINING
 from turnopd.core.methods import method_of
 from turnopd.core.metrics import StepRecord, read_metrics
@@ -73,6 +75,7 @@ Axis = Literal["time", "step"]
 
 # Avg@k means over seeds carry float rounding; "reached the target" allows for it.
 ACCURACY_TOLERANCE = 1e-9
+DEFAULT_CONFIG = json.loads(json.dumps(dataclasses.asdict(RunConfig()), default=str))
 # config.yaml keys that differ between the seeds of one recipe, so they do not split a group.
 PER_RUN_CONFIG_KEYS = ("name", "seed", "output_dir")
 DEFAULT_BASELINE_METHOD = "vanilla_opd"
@@ -151,8 +154,10 @@ def _required(record: dict[str, Any], key: str, where: str) -> Any:
     return record[key]
 
 
-def load_run(run_dir: str | Path) -> SavedRun:
-    """Read a run folder (runs/<name>, possibly still being written)."""
+def load_run(run_dir: str | Path, per_seed_keys: Sequence[str] = ()) -> SavedRun:
+    """Read a run folder (runs/<name>, possibly still being written). `per_seed_keys`: dotted config
+    keys that may differ between the seeds of one group besides PER_RUN_CONFIG_KEYS (an arm whose
+    trainer.budget.amount each seed matches to another run's work)."""
     path = Path(run_dir)
     metrics_path = path / "metrics.jsonl"
     if not metrics_path.is_file():
@@ -194,7 +199,7 @@ def load_run(run_dir: str | Path) -> SavedRun:
     seed = start.get("seed", config.get("seed") if config else None)
     recipe_key = None
     if config is not None:
-        recipe_key = json.dumps({k: v for k, v in config.items() if k not in PER_RUN_CONFIG_KEYS},
+        recipe_key = json.dumps(_without(_with_defaults(config, DEFAULT_CONFIG), [*PER_RUN_CONFIG_KEYS, *per_seed_keys]),
                                 sort_keys=True, default=str)
     finals = [r for r in records if r.get("kind") == "final_eval"]
     final_eval = (EvalPoint(finals[-1]["step"], float(finals[-1]["train_time_s"]), float(finals[-1]["avg_at_k"]),
@@ -209,6 +214,31 @@ def load_run(run_dir: str | Path) -> SavedRun:
         teacher=float(teachers[-1]["avg_at_k"]) if teachers else None, models=start.get("models") or {},
         budget_step=budget[-1] if budget else None,
     )
+
+
+def _with_defaults(config: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """The config with the keys it lacks set to their defaults: a run saved before a key existed is
+    the same recipe as one that recorded the key's default."""
+    filled = dict(config)
+    for key, default in defaults.items():
+        if key not in filled:
+            filled[key] = default
+        elif isinstance(default, dict) and default and isinstance(filled[key], dict):
+            filled[key] = _with_defaults(filled[key], default)
+    return filled
+
+
+def _without(config: dict[str, Any], dotted_keys: Sequence[str]) -> dict[str, Any]:
+    """The config without those keys (a.b.c: key c of section a.b)."""
+    kept = json.loads(json.dumps(config, default=str))
+    for dotted in dotted_keys:
+        *sections, key = dotted.split(".")
+        section = kept
+        for name in sections:
+            section = section.get(name) if isinstance(section, dict) else None
+        if isinstance(section, dict):
+            section.pop(key, None)
+    return kept
 
 
 def _load_config(path: Path) -> dict[str, Any] | None:

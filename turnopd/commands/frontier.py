@@ -289,9 +289,9 @@ def print_report(cmp: Comparison, runs: Sequence[SavedRun], md: bool) -> None:
 
 
 def report(run_dirs: Sequence[str | Path], baseline: str | None, md: bool, by: Axis, out: Path,
-           margin: float | None = None, work_unit: str = "env_steps") -> None:
+           margin: float | None = None, work_unit: str = "env_steps", per_seed: Sequence[str] = ()) -> None:
     """Tables on stdout and the PNG at `out`, for the given run folders (`margin` in points)."""
-    runs = [load_run(d) for d in run_dirs]
+    runs = [load_run(d, per_seed) for d in run_dirs]
     cmp = compare(runs, baseline, margin=None if margin is None else margin / 100, work_unit=work_unit)
     print_report(cmp, runs, md)
     plot_frontier(cmp, runs, by, out)
@@ -306,7 +306,7 @@ def _default_plot_path(run_dirs: Sequence[str], by: Axis) -> Path:
 def frontier(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _default_plot_path(args.runs, args.by)
     try:
-        report(args.runs, args.baseline, args.md, args.by, out, args.margin, args.work_unit)
+        report(args.runs, args.baseline, args.md, args.by, out, args.margin, args.work_unit, args.per_seed)
     except FrontierError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -352,7 +352,7 @@ def sweep(args: argparse.Namespace) -> int:
     if with_metrics:
         out = Path(args.out) if args.out else Path(args.out_dir) / f"{name}-frontier.png"
         try:
-            report(with_metrics, args.baseline, args.md, args.by, out, args.margin, args.work_unit)
+            report(with_metrics, args.baseline, args.md, args.by, out, args.margin, args.work_unit, args.per_seed)
         except FrontierError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -375,6 +375,9 @@ def _add_report_args(p: argparse.ArgumentParser) -> None:
                         "non-inferior to the baseline when the t interval of its final difference lies above -POINTS")
     p.add_argument("--work-unit", choices=WORK, default="env_steps",
                    help="the work measure of the equal-budget comparison (default: env_steps)")
+    p.add_argument("--per-seed", action="append", default=[], metavar="KEY",
+                   help="a config key (dotted) that may differ between the seeds of one group, e.g. "
+                        "trainer.budget.amount for an arm whose budget each seed matches to another run's work")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
