@@ -1,4 +1,5 @@
-"""Episodes stepped in parallel in long-lived worker processes.
+"""Episodes stepped in parallel in long-lived env workers: local processes (`env.pool: local`) or Ray
+actors (`env.pool: ray`, envs.ray_pool).
 
 Episodes live in slots 0, 1, ...; slot i belongs to worker i % num_workers, which holds one `Env` per
 slot and answers its requests one after the other while the other workers do the same. Each reset
@@ -11,14 +12,16 @@ A worker that crashes, or spends more than `step_timeout_s` on one request, is k
 again; every unfinished episode it held ends as failed-by-env (`StepOutcome(done=True, won=False,
 info={"env_error": ...})`): the ones in flight at once, the others at their next request. An
 exception raised by an env ends only that episode, the same way. A thread of the pool's process
-reads the workers' answers and watches for crashes and hangs.
+receives the workers' answers and watches for crashes and hangs. All of this is the pool's, whatever
+hosts the workers: a `Workers` object only starts, stops and talks to them.
 
 `step_latency_s` adds a fixed wait to every reset and step, inside the worker, so that a fast local
 env stands in for a costly one (a remote web or code sandbox that takes seconds per step and keeps
 its machine busy meanwhile): the worker serves nothing else while it waits, as one sandbox would.
 
-Workers are started with the "spawn" method: they import only the env code (and whatever the main
-script imports at top level), not the trainer's torch, and nothing inherited from a threaded parent.
+Local workers are started with the "spawn" method: they import only the env code (and whatever the
+main script imports at top level), not the trainer's torch, and nothing inherited from a threaded
+parent.
 """
 
 from __future__ import annotations
@@ -29,29 +32,49 @@ import multiprocessing as mp
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from functools import partial
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, Protocol
 
 from envs.base import EnvSpec, StepOutcome
+from envs.workers import WorkerEnvs, env_error
 
 JOIN_TIMEOUT_S = 5.0
 WATCH_POLL_S = 0.5  # the longest the watcher sleeps between checks for hung workers
 
+# What a worker sends back: (worker, slot, outcome), or (worker, None, why) when it died.
+Answer = tuple[int, int | None, StepOutcome | str]
 
-def env_error(message: str) -> StepOutcome:
-    """The outcome of an episode that the env (not the agent) ended."""
-    return StepOutcome(observation="", done=True, won=False, info={"env_error": message})
+
+class Workers(Protocol):
+    """The pool's workers 0..num_workers-1, each running a `WorkerEnvs`, started when made as
+    `cls(spec, num_workers, step_latency_s)`. Only the pool's watcher thread calls `answers`, and
+    `start` and `stop` (which restart a worker) holding the pool's lock; `send` and `end` are called
+    holding it."""
+
+    def start(self, w: int) -> None: ...
+    def stop(self, w: int, graceful: bool) -> None: ...
+    def send(self, w: int, command: str, slot: int, arg: str) -> None: ...  # its answer comes from `answers`
+    def end(self, w: int, slots: list[int]) -> None: ...  # close those slots' games, no answer
+    def pid(self, w: int) -> int: ...
+
+    def answers(self, timeout: float) -> Iterator[Answer]:
+        """The answers that came within `timeout` seconds (none: the wait ended), each from the worker
+        as it runs now: answers of a worker stopped since are dropped."""
+
+    def wake(self) -> None: ...  # make a waiting `answers` return (the pool is closing)
+    def close(self) -> None: ...  # close every worker, gracefully
 
 
 def _worker(conn: Connection, spec: EnvSpec, step_latency_s: float = 0.0) -> None:
-    """Worker loop: ("reset", [(slot, task_id)]) / ("step", [(slot, action)]) answer one (slot,
+    """Local worker loop: ("reset", [(slot, task_id)]) / ("step", [(slot, action)]) answer one (slot,
     outcome) message per item as soon as that item is done; ("end", [slot]) closes those slots'
-    games (an episode the caller stops early); ("close", None) ends the worker. A slot's game is also
-    closed when its episode ends, so a finished episode holds no memory."""
+    games (an episode the caller stops early); ("close", None) ends the worker."""
     for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C and a scheduler's stop are for the main process,
         signal.signal(signum, signal.SIG_IGN)       # which closes us at its next safe point
-    envs: dict[int, Any] = {}
+    envs = WorkerEnvs(spec, step_latency_s)
     while True:
         try:
             command, items = conn.recv()
@@ -60,32 +83,87 @@ def _worker(conn: Connection, spec: EnvSpec, step_latency_s: float = 0.0) -> Non
         if command == "close":
             break
         if command == "end":
-            for slot in items:
-                if slot in envs:
-                    envs[slot].close()
+            envs.end(items)
             continue
         for slot, arg in items:
-            if step_latency_s:
-                time.sleep(step_latency_s)
+            conn.send((slot, envs.answer(command, slot, arg)))
+    envs.close()
+
+
+class ProcessWorkers:
+    """`env.pool: local`: each worker a process of this node, answering over a pipe; its death reads
+    as end-of-file there."""
+
+    def __init__(self, spec: EnvSpec, num_workers: int, step_latency_s: float = 0.0):
+        self.spec, self.num_workers, self.step_latency_s = spec, num_workers, step_latency_s
+        self._ctx = mp.get_context("spawn")
+        self._procs: list[Any] = [None] * num_workers
+        self._conns: list[Connection | None] = [None] * num_workers
+        self._wake_read, self._wake_write = mp.Pipe(duplex=False)
+        for w in range(num_workers):
+            self.start(w)
+
+    def start(self, w: int) -> None:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_worker, args=(child, self.spec, self.step_latency_s), daemon=True,
+                                 name=f"{self.spec.name}-env-{w}")
+        proc.start()
+        child.close()  # so that the worker's death reads as EOF here
+        self._procs[w], self._conns[w] = proc, parent
+
+    def stop(self, w: int, graceful: bool) -> None:
+        proc = self._procs[w]
+        if graceful:
+            proc.join(JOIN_TIMEOUT_S)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(JOIN_TIMEOUT_S)
+        self._conns[w].close()
+        self._procs[w], self._conns[w] = None, None
+
+    def send(self, w: int, command: str, slot: int, arg: str) -> None:
+        with contextlib.suppress(OSError):  # already dead: its pipe reads EOF in `answers`
+            self._conns[w].send((command, [(slot, arg)]))
+
+    def end(self, w: int, slots: list[int]) -> None:
+        with contextlib.suppress(OSError):  # a dead worker holds no game
+            self._conns[w].send(("end", slots))
+
+    def pid(self, w: int) -> int:
+        return self._procs[w].pid
+
+    def answers(self, timeout: float) -> Iterator[Answer]:
+        conns = {self._conns[w]: w for w in range(self.num_workers)}
+        for conn in wait([*conns, self._wake_read], timeout=timeout):
+            if conn is self._wake_read:
+                continue
+            w = conns[conn]
+            if self._conns[w] is not conn:  # restarted since
+                continue
             try:
-                if command == "reset":
-                    if slot not in envs:
-                        envs[slot] = spec.make()
-                    outcome = envs[slot].reset(arg)
-                else:
-                    outcome = envs[slot].step(arg)
-            except Exception as exc:
-                outcome = env_error(f"{type(exc).__name__}: {exc}")
-            if outcome.done and slot in envs:
-                envs[slot].close()
-            conn.send((slot, outcome))
-    for env in envs.values():
-        env.close()
+                slot, outcome = conn.recv()
+            except (EOFError, OSError):
+                self._procs[w].join(JOIN_TIMEOUT_S)  # reap it, for its exit code
+                yield w, None, f"env worker {w} died (exit code {self._procs[w].exitcode})"
+                continue
+            yield w, slot, outcome
+
+    def wake(self) -> None:
+        self._wake_write.send_bytes(b"x")
+
+    def close(self) -> None:
+        for w in range(self.num_workers):
+            if self._procs[w] is not None:
+                with contextlib.suppress(OSError):  # a dead worker needs no goodbye
+                    self._conns[w].send(("close", None))
+                self.stop(w, graceful=True)
+        self._wake_read.close()
+        self._wake_write.close()
 
 
 class EnvPool:
     def __init__(self, spec: EnvSpec, num_workers: int = 2, step_timeout_s: float = 60.0,
-                 step_latency_s: float = 0.0):
+                 step_latency_s: float = 0.0, workers: Callable[[EnvSpec, int, float], Workers] = ProcessWorkers):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if step_timeout_s <= 0:
@@ -98,32 +176,32 @@ class EnvPool:
         self.num_workers = num_workers
         self.step_timeout_s = step_timeout_s
         self.restarts = 0  # workers restarted after a crash or hang, over the pool's life
-        self._ctx = mp.get_context("spawn")
         self._lock = threading.Lock()  # the watcher thread and the callers share the state below
-        self._procs: list[Any] = [None] * num_workers
-        self._conns: list[Connection | None] = [None] * num_workers
         self._inflight: list[dict[int, tuple[str, Future]]] = [{} for _ in range(num_workers)]
         self._progress_at = [0.0] * num_workers  # when the worker last answered, or got busy
         self._live: set[int] = set()  # slots whose episode has started and not ended
         self._lost: dict[int, str] = {}  # live slots whose worker died: the reason, for their next request
-        for w in range(num_workers):
-            self._start(w)
+        self.workers = workers(spec, num_workers, step_latency_s)
         self._closing = False
-        self._wake_read, self._wake_write = mp.Pipe(duplex=False)
         self._watcher = threading.Thread(target=self._watch, name=f"{spec.name}-env-pool", daemon=True)
         self._watcher.start()
 
     @classmethod
     def for_config(cls, spec: EnvSpec, env_config: Any) -> EnvPool:
-        """The pool a recipe's `env` block sizes (env.num_workers, env.step_timeout_s,
-        env.step_latency_s)."""
-        return cls(spec, env_config.num_workers, env_config.step_timeout_s, env_config.step_latency_s)
+        """The pool a recipe's `env` block makes (env.pool: its workers' hosts; env.num_workers,
+        env.step_timeout_s, env.step_latency_s)."""
+        workers: Callable[[EnvSpec, int, float], Workers] = ProcessWorkers
+        if env_config.pool == "ray":
+            from envs.ray_pool import RayWorkers
+
+            workers = partial(RayWorkers, ray_config=env_config.ray)
+        return cls(spec, env_config.num_workers, env_config.step_timeout_s, env_config.step_latency_s, workers)
 
     # ---- public API ---------------------------------------------------------------------------
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self._procs]
+        return [self.workers.pid(w) for w in range(self.num_workers)]
 
     def worker_of(self, slot: int) -> int:
         return slot % self.num_workers
@@ -146,8 +224,7 @@ class EnvPool:
             for slot in slots:
                 by_worker.setdefault(self.worker_of(slot), []).append(slot)
             for w, ended in by_worker.items():
-                with contextlib.suppress(OSError):  # a dead worker holds no game
-                    self._conns[w].send(("end", ended))
+                self.workers.end(w, ended)
 
     def reset(self, task_ids: list[str]) -> list[StepOutcome]:
         """Start one episode per task id in slots 0..len(task_ids)-1; the episodes of other slots end."""
@@ -165,17 +242,11 @@ class EnvPool:
     def close(self) -> None:
         with self._lock:
             self._closing = True
-        self._wake_write.send_bytes(b"x")
+        self.workers.wake()
         self._watcher.join(JOIN_TIMEOUT_S)
-        for w in range(self.num_workers):
-            if self._procs[w] is not None:
-                with contextlib.suppress(OSError):  # a dead worker needs no goodbye
-                    self._conns[w].send(("close", None))
-                self._stop(w, graceful=True)
+        self.workers.close()
         for w in range(self.num_workers):
             self._fail_inflight(w, "the env pool was closed")
-        self._wake_read.close()
-        self._wake_write.close()
 
     def __enter__(self) -> EnvPool:
         return self
@@ -204,8 +275,7 @@ class EnvPool:
             if not self._inflight[w]:
                 self._progress_at[w] = time.monotonic()
             self._inflight[w][slot] = (command, future)
-            with contextlib.suppress(OSError):  # already dead: the watcher sees its pipe read EOF
-                self._conns[w].send((command, [(slot, arg)]))
+            self.workers.send(w, command, slot, arg)
         return future
 
     def _settle(self, futures: dict[int, Future]) -> dict[int, StepOutcome]:
@@ -222,28 +292,19 @@ class EnvPool:
     # ---- the watcher thread -------------------------------------------------------------------
 
     def _watch(self) -> None:
-        """Deliver the workers' answers; restart a worker that died (its pipe reads end-of-file) or
-        has spent more than step_timeout_s on its current request."""
+        """Deliver the workers' answers; restart a worker that died or has spent more than
+        step_timeout_s on its current request."""
         while True:
             with self._lock:
                 if self._closing:
                     return
-                conns = {self._conns[w]: w for w in range(self.num_workers)}
-            ready = wait([*conns, self._wake_read], timeout=min(WATCH_POLL_S, self.step_timeout_s / 4))
-            for conn in ready:
-                if conn is self._wake_read:
+            for w, slot, answer in self.workers.answers(timeout=min(WATCH_POLL_S, self.step_timeout_s / 4)):
+                if slot is not None:
+                    self._deliver(w, slot, answer)
                     continue
-                w = conns[conn]
-                try:
-                    slot, outcome = conn.recv()
-                except (EOFError, OSError):
-                    with self._lock:
-                        if self._closing or self._conns[w] is not conn:
-                            continue
-                        self._procs[w].join(JOIN_TIMEOUT_S)  # reap it, for its exit code
-                        self._restart(w, f"env worker {w} died (exit code {self._procs[w].exitcode})")
-                    continue
-                self._deliver(w, slot, outcome)
+                with self._lock:
+                    if not self._closing:
+                        self._restart(w, answer)
             now = time.monotonic()
             with self._lock:
                 for w in range(self.num_workers):
@@ -262,9 +323,9 @@ class EnvPool:
 
     def _restart(self, w: int, why: str) -> None:
         """(holding the lock) Restart worker w: its requests in flight fail now; its other unfinished
-        episodes are gone with the process and fail at their next request."""
-        self._stop(w, graceful=False)
-        self._start(w)
+        episodes are gone with it and fail at their next request."""
+        self.workers.stop(w, graceful=False)
+        self.workers.start(w)
         self.restarts += 1
         for slot in self._live:
             if self.worker_of(slot) == w and slot not in self._inflight[w]:
@@ -279,23 +340,3 @@ class EnvPool:
         for _, future in inflight.values():
             if not future.done():
                 future.set_result(env_error(why))
-
-    # ---- worker processes ---------------------------------------------------------------------
-
-    def _start(self, w: int) -> None:
-        parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker, args=(child, self.spec, self.step_latency_s), daemon=True,
-                                 name=f"{self.spec.name}-env-{w}")
-        proc.start()
-        child.close()  # so that the worker's death reads as EOF here
-        self._procs[w], self._conns[w] = proc, parent
-
-    def _stop(self, w: int, graceful: bool) -> None:
-        proc = self._procs[w]
-        if graceful:
-            proc.join(JOIN_TIMEOUT_S)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(JOIN_TIMEOUT_S)
-        self._conns[w].close()
-        self._procs[w], self._conns[w] = None, None

@@ -90,3 +90,11 @@ def no_network(monkeypatch):
         raise AssertionError(f"a dry run tried to connect: {args}")
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def hide_package(monkeypatch: pytest.MonkeyPatch, package: str) -> None:
+    """Make importlib.util.find_spec say `package` is not installed (a recipe check's view)."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else find_spec(name, *a))

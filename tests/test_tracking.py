@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import loop_models
+from tests.conftest import hide_package, loop_models
 from turnopd.config import RecipeError
 from turnopd.core.metrics import read_metrics
 from turnopd.core.tracking import TRACKERS, TrackedRun, saved_id, wandb_mode
@@ -256,10 +256,7 @@ def test_the_recipe_names_known_installed_trackers_once(tmp_path, monkeypatch):
     with pytest.raises(RecipeError, match=r"recipe key 'tracking': 'wandb' named twice"):
         load_recipe(recipe, ["tracking=[wandb,mlflow,wandb]"])
 
-    import importlib.util
-
-    find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else find_spec(name, *a))
+    hide_package(monkeypatch, "mlflow")
     with pytest.raises(RecipeError, match=r"recipe key 'tracking': 'mlflow' needs the mlflow package, which is "
                                           r"not installed: pip install 'turnopd\[tracking\]'"):
         load_recipe(recipe, ["tracking=[mlflow]"])

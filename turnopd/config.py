@@ -58,6 +58,19 @@ def algorithm_registries() -> dict[str, Registry]:
 
 
 @dataclass
+class RayEnvConfig:
+    """Where env.pool=ray runs the env workers, each a Ray actor (envs.ray_pool, docs/cluster.md)."""
+
+    # the cluster to join: "auto" (the one this machine is a node of), "ray://HOST:10001" (Ray Client)
+    # or the head's "HOST:6379"; None: a local cluster started for the pool and stopped with it
+    address: str | None = None
+    num_cpus: float = field(default=1.0, metadata=_range(0.0))  # each actor's CPU request
+    resources: dict[str, float] = field(default_factory=dict)  # each actor's custom resources, e.g. {sandbox: 1}
+    # how long the pool waits for its actors to be placed and started (an autoscaler may add nodes meanwhile)
+    start_timeout_s: float = field(default=120.0, metadata=_range(1.0))
+
+
+@dataclass
 class EnvConfig:
     name: str = field(default="alfworld", metadata=_registered("env"))
     train_split: str = "train"
@@ -75,6 +88,9 @@ class EnvConfig:
     # a fixed wait per real reset and step, in the env worker: a fast env standing in for a costly
     # one (a remote sandbox); 0 for the env as it is
     step_latency_s: float = field(default=0.0, metadata=_range(0.0))
+    # where the env workers run: processes of this node (local), or Ray actors placed by `ray` (ray)
+    pool: str = field(default="local", metadata=_choices("local", "ray"))
+    ray: RayEnvConfig = field(default_factory=RayEnvConfig)
     task_types: list[str] = field(default_factory=list)  # empty: all task types of the split
     max_tasks: int | None = None  # first N tasks of the split (after task_types), None: all
     options: dict[str, Any] = field(default_factory=dict)  # env-specific settings
@@ -450,6 +466,9 @@ def check_consistency(cfg: RunConfig) -> None:
     if cfg.env.name not in cfg.teachers:
         raise RecipeError(f"recipe key 'teachers': no teacher for env {cfg.env.name!r}; "
                           f"set teachers.{cfg.env.name}=<path to teacher.yaml>")
+    if cfg.env.pool == "ray" and importlib.util.find_spec("ray") is None:
+        raise RecipeError("recipe key 'env.pool': 'ray' needs the ray package, which is not installed: "
+                          "pip install 'turnopd[ray]' (or env.pool=local)")
     for name in cfg.tracking:
         package = TRACKERS.get(name).package
         if importlib.util.find_spec(package) is None:

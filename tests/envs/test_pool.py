@@ -18,6 +18,7 @@ import pytest
 from envs import make_env_spec
 from envs.base import StepOutcome
 from envs.pool import EnvPool
+from tests.conftest import hide_package
 from turnopd.config import EnvConfig
 
 
@@ -198,52 +199,73 @@ def test_bad_arguments() -> None:
         EnvPool(ScriptedSpec(), num_workers=1, step_timeout_s=5, step_latency_s=5)
 
 
+def survives_a_killed_and_a_stopped_worker(pool: EnvPool, spec, tasks: list[str], death: str) -> None:
+    """On a 2-worker pool of real ALFWorld: worker 1 is stopped, then SIGKILLed while its step is in
+    flight (its episodes end with `death`, the others play on and win); worker 0 hangs (SIGSTOP) and
+    times out; the restarted workers play a fresh batch to the end. Shared with the Ray pool's test."""
+    outcomes = pool.reset(tasks)
+    experts = [spec.expert(t) for t in tasks]
+    # worker 1 (slots 1 and 3) is stopped, then killed while its step is in flight
+    victim = pool.pids[1]
+    os.kill(victim, signal.SIGSTOP)
+    killer = threading.Timer(1.0, os.kill, (victim, signal.SIGKILL))
+    killer.start()
+    out = pool.step({i: experts[i].act(outcomes[i]) for i in range(4)})
+    killer.join()
+    for slot in (1, 3):
+        assert (out[slot].done, out[slot].won) == (True, False)
+        assert out[slot].info["env_error"] == death
+    # the other episodes go on to win
+    live = {slot: out[slot] for slot in (0, 2)}
+    for _ in range(50):
+        live = pool.step({slot: experts[slot].act(o) for slot, o in live.items()})
+        assert all("env_error" not in o.info for o in live.values())
+        if all(o.done for o in live.values()):
+            break
+        live = {slot: o for slot, o in live.items() if not o.done}
+    assert all(o.won for o in live.values())
+    assert pool.restarts == 1 and pool.pids[1] != victim
+
+    # a worker that stops answering (SIGSTOP: a hang the env cannot see) times out
+    pool.reset(tasks[:2])
+    pool.step_timeout_s = 5.0
+    os.kill(pool.pids[0], signal.SIGSTOP)
+    out = pool.step({0: "look", 1: "look"})
+    assert out[0].info["env_error"] == "env worker 0 timed out after 5 s on a step"
+    assert "env_error" not in out[1].info
+    assert pool.restarts == 2
+
+    # both restarted workers play a fresh batch to the end
+    pool.step_timeout_s = 120.0
+    experts = [spec.expert(t) for t in tasks[:2]]
+    live = dict(enumerate(pool.reset(tasks[:2])))
+    for _ in range(50):
+        out = pool.step({slot: experts[slot].act(o) for slot, o in live.items()})
+        live = {slot: o for slot, o in out.items() if not o.done}
+        assert all(o.won for o in out.values() if o.done)
+        if not live:
+            break
+    assert not live
+
+
 @pytest.mark.slow
 def test_real_alfworld_pool_survives_a_killed_and_a_stopped_worker() -> None:
     spec = make_env_spec(EnvConfig(name="alfworld"))
-    tasks = spec.tasks("valid_unseen")[:4]
     with EnvPool(spec, num_workers=2, step_timeout_s=120) as pool:
-        outcomes = pool.reset(tasks)
-        experts = [spec.expert(t) for t in tasks]
-        # worker 1 (slots 1 and 3) is stopped, then killed while its step is in flight
-        victim = pool.pids[1]
-        os.kill(victim, signal.SIGSTOP)
-        killer = threading.Timer(1.0, os.kill, (victim, signal.SIGKILL))
-        killer.start()
-        out = pool.step({i: experts[i].act(outcomes[i]) for i in range(4)})
-        killer.join()
-        for slot in (1, 3):
-            assert (out[slot].done, out[slot].won) == (True, False)
-            assert "env worker 1 died" in out[slot].info["env_error"]
-        # the other episodes go on to win
-        live = {slot: out[slot] for slot in (0, 2)}
-        for _ in range(50):
-            live = pool.step({slot: experts[slot].act(o) for slot, o in live.items()})
-            assert all("env_error" not in o.info for o in live.values())
-            if all(o.done for o in live.values()):
-                break
-            live = {slot: o for slot, o in live.items() if not o.done}
-        assert all(o.won for o in live.values())
-        assert pool.restarts == 1
+        survives_a_killed_and_a_stopped_worker(pool, spec, spec.tasks("valid_unseen")[:4],
+                                               "env worker 1 died (exit code -9)")
 
-        # a worker that stops answering (SIGSTOP: a hang the env cannot see) times out
-        outcomes = pool.reset(tasks[:2])
-        pool.step_timeout_s = 5.0
-        os.kill(pool.pids[0], signal.SIGSTOP)
-        out = pool.step({0: "look", 1: "look"})
-        assert out[0].info["env_error"] == "env worker 0 timed out after 5 s on a step"
-        assert "env_error" not in out[1].info
-        assert pool.restarts == 2
 
-        # both restarted workers play a fresh batch to the end
-        pool.step_timeout_s = 120.0
-        outcomes = pool.reset(tasks[:2])
-        experts = [spec.expert(t) for t in tasks[:2]]
-        live = dict(enumerate(outcomes))
-        for _ in range(50):
-            out = pool.step({slot: experts[slot].act(o) for slot, o in live.items()})
-            live = {slot: o for slot, o in out.items() if not o.done}
-            assert all(o.won for o in out.values() if o.done)
-            if not live:
-                break
-        assert not live
+def test_env_pool_ray_is_a_recipe_choice_refused_without_ray(tmp_path, monkeypatch):
+    from turnopd.config import RecipeError
+    from turnopd.orchestration.recipe import load_recipe
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("name: t\nstudent: {path: x}\nteachers: {alfworld: t.yaml}\n")
+    assert load_recipe(recipe).env.pool == "local"
+    with pytest.raises(RecipeError, match=r"recipe key 'env.pool': 'sandbox' is not allowed; allowed: local, ray"):
+        load_recipe(recipe, ["env.pool=sandbox"])
+    hide_package(monkeypatch, "ray")
+    with pytest.raises(RecipeError, match=r"recipe key 'env.pool': 'ray' needs the ray package, which is not "
+                                          r"installed: pip install 'turnopd\[ray\]' \(or env.pool=local\)"):
+        load_recipe(recipe, ["env.pool=ray"])

@@ -11,6 +11,7 @@ max_turns=30 task_types=[pick_and_place_simple] options.expert=handcoded.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections import defaultdict
@@ -129,7 +130,7 @@ def expert(args: argparse.Namespace) -> int:
     turns: dict[str, list[int]] = defaultdict(list)
     start = time.perf_counter()
     progress = progress_bar(f"{spec.name} expert", "won {task.fields[won]}")
-    with progress, EnvPool(spec, workers, config.step_timeout_s, config.step_latency_s) as pool:
+    with progress, EnvPool.for_config(spec, dataclasses.replace(config, num_workers=workers)) as pool:
         bar = progress.add_task("episodes", total=len(tasks), won=0)
         for demo in play_experts(spec, pool, tasks, config.max_turns):
             won[demo.task_type].append(demo.won)

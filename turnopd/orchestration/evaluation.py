@@ -82,7 +82,8 @@ def evaluate_teacher(cfg: RunConfig, setup: Setup, spec: TeacherSpec, pool: EnvP
         return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(folder).glob("*.safetensors"))
 
     adapter = [spec.adapter, weights(spec.adapter)] if spec.adapter else []
-    key = json.dumps([spec.model, weights(spec.model), setup.eval_tasks, dataclasses.asdict(cfg.env),
+    env = {k: v for k, v in dataclasses.asdict(cfg.env).items() if k not in ("pool", "ray")}  # not where it runs
+    key = json.dumps([spec.model, weights(spec.model), setup.eval_tasks, env,
                       dataclasses.asdict(cfg.policy), cfg.eval.k, cfg.eval.temperature, cfg.seed, *adapter],
                      sort_keys=True)
     cache = EVAL_CACHE / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
