@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 
+from record import MIN_REPEATS, Summary, save_result
 from rich.console import Console
 
 SIDES = {"original": "TextWorld's own", "cold": "TurnOPD's, first load of each game",
@@ -65,18 +66,8 @@ def play_side(side: str, task_types: list[str] | None, games: int, turns: int, d
     return {"games": len(task_ids), "steps": steps, "step_s": step_s, "reset_s": reset_s, "digest": digest}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--games", type=int, default=8, help="held-out games (valid_unseen)")
-    parser.add_argument("--turns", type=int, default=40)
-    parser.add_argument("--task-types", nargs="*", default=None, help="default: all six")
-    parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # one side, in a child process
-    args = parser.parse_args()
-    if args.side:
-        print(json.dumps(play_side(args.side, args.task_types, args.games, args.turns, args.data_dir)))
-        return
-    console = Console()
+def play_sides(args: argparse.Namespace, console: Console) -> dict[str, dict]:
+    """One repeat: every side in its own process, the cold side on an empty game cache."""
     measured = {}
     with tempfile.TemporaryDirectory() as cache:  # an empty game cache for the cold side, kept for the warm one
         for side in SIDES:
@@ -87,15 +78,43 @@ def main() -> None:
                 out = subprocess.run(child, check=True, capture_output=True, text=True,
                                      env={**os.environ, "TURNOPD_CACHE": cache}).stdout
                 measured[side] = json.loads(out.strip().splitlines()[-1])
-    original = measured["original"]
-    console.print(f"\n## ALFWorld engine ({original['games']} held-out games, {original['steps']} random steps)\n")
-    print("| engine | env steps/s | ms/reset | step speedup | reset speedup | same text |")
-    print("|---|---|---|---|---|---|")
-    for side, label in SIDES.items():
-        m = measured[side]
-        print(f"| {label} | {m['steps'] / m['step_s']:.1f} | {1000 * m['reset_s'] / m['games']:.0f} "
-              f"| {original['step_s'] / m['step_s']:.2f}x | {original['reset_s'] / m['reset_s']:.2f}x "
-              f"| {'yes' if m['digest'] == original['digest'] else 'NO'} |")
+    return measured
+
+
+def summaries(repeats: list[dict[str, dict]]) -> list[Summary]:
+    original = [r["original"] for r in repeats]
+    out = [Summary.of(f"{SIDES['original']}: env steps/s", [m["steps"] / m["step_s"] for m in original], "steps/s")]
+    for side in ("cold", "warm"):
+        mine = [r[side] for r in repeats]
+        out.append(Summary.of(f"{SIDES[side]}: env steps/s", [m["steps"] / m["step_s"] for m in mine], "steps/s"))
+        out.append(Summary.of(f"{SIDES[side]}: step speed-up", [o["step_s"] / m["step_s"] for o, m in zip(original, mine, strict=True)],
+                              "x"))
+        out.append(Summary.of(f"{SIDES[side]}: reset speed-up",
+                              [o["reset_s"] / m["reset_s"] for o, m in zip(original, mine, strict=True)], "x"))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--games", type=int, default=8, help="held-out games (valid_unseen)")
+    parser.add_argument("--turns", type=int, default=40)
+    parser.add_argument("--task-types", nargs="*", default=None, help="default: all six")
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--repeats", type=int, default=MIN_REPEATS)
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # one side, in a child process
+    args = parser.parse_args()
+    if args.side:
+        print(json.dumps(play_side(args.side, args.task_types, args.games, args.turns, args.data_dir)))
+        return
+    console = Console()
+    repeats = [play_sides(args, console) for _ in range(args.repeats)]
+    differ = [side for r in repeats for side in SIDES if r[side]["digest"] != r["original"]["digest"]]
+    if differ:
+        raise SystemExit(f"the sides wrote different text: {sorted(set(differ))}")
+    first = repeats[0]["original"]
+    save_result("alfworld_engine", f"ALFWorld engine, TextWorld's own vs TurnOPD's speed-ups ({first['games']} "
+                f"held-out games, {first['steps']} random steps, the same text on every side)", summaries(repeats),
+                repeats)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ with 1 worker and through the pool with 2 workers.
 
     python benchmarks/env_throughput.py                      # all registered envs
     python benchmarks/env_throughput.py --envs alfworld --episodes 8
+    python benchmarks/env_throughput.py --envs alfworld --ray   # also through Ray actors (env.pool=ray)
 
 Per env: reset seconds (one env, in-process), env steps/s (in-process, pool 1 worker, pool 2 workers;
 the pool rows include pickling and pipe traffic), the 2-worker/1-worker ratio, and the share of a
@@ -12,16 +13,21 @@ admissible action (seeded) where the env lists them, so that episodes run long a
 do, else it plays the env's expert. The policy side of a real run is an LLM, so the env's share there
 is far lower; this says whether the env alone could keep up. A batch is the first --episodes tasks
 of the env's held-out split, played to the end or to --max-turns; figures depend on the machine and
-on what else runs on it.
+on what else runs on it. With --ray the pool runs also with its workers as Ray actors of a local
+Ray cluster (envs.ray_pool, started once for the benchmark), 1 and 2 actors, on the same batch: the
+overhead of env.pool=ray over env.pool=local on one machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import time
 from dataclasses import dataclass
+from functools import partial
 
+from record import MIN_REPEATS, Summary, save_result
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -35,7 +41,7 @@ from rich.progress import (
 from envs import ENVS, make_env_spec
 from envs.base import EnvSpec, PromptContext, StepOutcome, format_answer, recent_pairs
 from envs.pool import EnvPool
-from turnopd.config import EnvConfig
+from turnopd.config import EnvConfig, RayEnvConfig
 
 
 @dataclass
@@ -104,61 +110,85 @@ def held_out_split(spec: EnvSpec) -> str:
     return default if default in spec.splits() else spec.splits()[-1]
 
 
+RUNS = ("in-process", "pool 1 worker", "pool 2 workers")
+RAY_RUNS = ("ray pool 1 actor", "ray pool 2 actors")
+
+
+def measure(spec: EnvSpec, tasks: list[str], config: EnvConfig, advance, runs=RUNS) -> dict[str, RolloutTimes]:
+    """One repeat: the same batch in-process and through each pool of `runs`."""
+    measured = {}
+    for run in runs:
+        if run == "in-process":
+            runner = InProcess(spec)
+            runner.reset(tasks[:1])  # warm-up: engine imports and caches are not a reset's cost
+            measured[run] = play_batch(spec, runner, tasks, config, advance)
+            continue
+        workers = {}
+        if run.startswith("ray"):
+            from envs.ray_pool import RayWorkers
+
+            workers = {"workers": partial(RayWorkers, ray_config=RayEnvConfig())}  # joins the benchmark's cluster
+        with EnvPool(spec, num_workers=int(run.split()[-2]), step_timeout_s=600, **workers) as pool:
+            measured[run] = play_batch(spec, pool, tasks, config, advance)
+    return measured
+
+
+def summaries(name: str, episodes: int, repeats: list[dict[str, RolloutTimes]]) -> list[Summary]:
+    def rate(times: RolloutTimes) -> float:
+        return times.steps / times.env_s
+
+    return [Summary.of(f"{name}: reset ms/episode (in-process)", [1000 * r["in-process"].reset_s / episodes
+                                                                   for r in repeats], "ms"),
+            *(Summary.of(f"{name}: env steps/s {run}", [rate(r[run]) for r in repeats], "steps/s") for run in repeats[0]),
+            Summary.of(f"{name}: pool 2 workers / 1 worker", [rate(r["pool 2 workers"]) / rate(r["pool 1 worker"])
+                                                               for r in repeats], "x"),
+            Summary.of(f"{name}: env share of a stand-in rollout step (2 workers)",
+                       [100 * r["pool 2 workers"].env_s / (r["pool 2 workers"].env_s + r["pool 2 workers"].policy_s)
+                        for r in repeats], "%"),
+            *([Summary.of(f"{name}: ray pool 2 actors / pool 2 workers",
+                          [rate(r["ray pool 2 actors"]) / rate(r["pool 2 workers"]) for r in repeats], "x")]
+              if "ray pool 2 actors" in repeats[0] else [])]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envs", nargs="*", default=None, help="envs to measure (default: all registered)")
     parser.add_argument("--episodes", type=int, default=8, help="episodes per batch")
     parser.add_argument("--max-turns", type=int, default=None, help="default: the env's default_max_turns")
+    parser.add_argument("--repeats", type=int, default=MIN_REPEATS)
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--ray", action="store_true", help="also through Ray actors (a local Ray cluster)")
     args = parser.parse_args()
     names = args.envs or ENVS.names()
-    console = Console()
+    runs = RUNS + RAY_RUNS if args.ray else RUNS
+    if args.ray:
+        import ray
 
-    rows = []
-    runs = ("in-process", "pool 1 worker", "pool 2 workers")
+        ray.init(address="local", include_dashboard=False, num_cpus=os.cpu_count())
+    console = Console()
+    found, samples = [], []
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("ETA"), TimeRemainingColumn(), console=console)
     with progress:
-        bar = progress.add_task("env throughput", total=len(names) * len(runs) * 2)
-
-        def advance() -> None:
-            progress.advance(bar)
-
+        bar = progress.add_task("env throughput", total=len(names) * len(runs) * 2 * args.repeats)
         for name in names:
             try:
                 spec = make_env_spec(EnvConfig(name=name), args.data_dir)
             except Exception as exc:  # an env without its data is reported, not fatal
                 console.print(f"[yellow]{name}: skipped ({type(exc).__name__}: {str(exc).splitlines()[0]})")
-                progress.advance(bar, len(runs) * 2)
+                progress.advance(bar, len(runs) * 2 * args.repeats)
                 continue
             config = EnvConfig(name=name, max_turns=args.max_turns or spec.default_max_turns)
-            split = held_out_split(spec)
-            tasks = spec.tasks(split)[: args.episodes]
-            measured: dict[str, RolloutTimes] = {}
-            for run in runs:
-                progress.update(bar, description=f"{name}: {run}")
-                if run == "in-process":
-                    runner = InProcess(spec)
-                    runner.reset(tasks[:1])  # warm-up: engine imports and caches are not a reset's cost
-                    measured[run] = play_batch(spec, runner, tasks, config, advance)
-                else:
-                    with EnvPool(spec, num_workers=int(run.split()[1]), step_timeout_s=600) as pool:
-                        measured[run] = play_batch(spec, pool, tasks, config, advance)
-            rows.append((name, split, len(tasks), measured))
-
-    console.print(f"\n## Env throughput ({args.episodes} episodes per batch; stand-in policy: random admissible "
-                  "action, else the env's expert)\n")
-    header = ("| env | split | steps | reset ms/episode | steps/s in-process | steps/s pool 1w | steps/s pool 2w "
-              "| 2w / 1w | env share of a rollout step (2w) |")
-    print(header)
-    print("|" + "---|" * header.count(" | ") + "---|")
-    for name, split, n, m in rows:
-        rate = {run: m[run].steps / m[run].env_s if m[run].env_s else float("nan") for run in runs}
-        two = m["pool 2 workers"]
-        share = two.env_s / (two.env_s + two.policy_s)
-        print(f"| {name} | {split} | {two.steps} | {1000 * m['in-process'].reset_s / n:.1f} | {rate['in-process']:.1f} "
-              f"| {rate['pool 1 worker']:.1f} | {rate['pool 2 workers']:.1f} "
-              f"| {rate['pool 2 workers'] / rate['pool 1 worker']:.2f}x | {100 * share:.1f}% |")
+            tasks = spec.tasks(held_out_split(spec))[: args.episodes]
+            progress.update(bar, description=name)
+            repeats = [measure(spec, tasks, config, lambda: progress.advance(bar), runs) for _ in range(args.repeats)]
+            found += summaries(name, len(tasks), repeats)
+            samples += [{"env": name, "repeat": k, "run": run, **vars(times)}
+                        for k, r in enumerate(repeats) for run, times in r.items()]
+    save_result("env_throughput", f"env throughput, {', '.join(names)}: in-process and through the pool"
+                f"{' (local processes and Ray actors)' if args.ray else ''} "
+                f"({args.episodes} episodes a batch; stand-in policy: a random admissible action, else the expert)",
+                found, samples)
 
 
 if __name__ == "__main__":

@@ -7,18 +7,18 @@ computes, side by side in one run on the quickstart's models.
 The batch is the quickstart's shape (a 1-turn history window: a ~300-token prompt per turn, 12-token
 actions) with random tokens; "without" replaces the signals' readout (the head over every prompt
 token and the entropy at the action tokens) with nothing. Reported: the median step time of each
-(and its range) and their ratio. Figures depend on the machine and what else runs on it.
+(and its range) and their ratio paired per repeat, saved to benchmarks/results/familiarity_overhead.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import time
 from pathlib import Path
 
 import torch
+from record import Summary, save_result
 from transformers import AutoModelForCausalLM
 
 import turnopd.trainer.trainer as trainer_module
@@ -62,11 +62,12 @@ def main() -> int:
             trainer.step(tokens, 0.5)
             times[name].append(time.perf_counter() - start)
     trainer_module.turn_signals = with_signals
-    for name, values in times.items():
-        print(f"{name}: median {statistics.median(values):.3f} s per step (range {min(values):.3f}-{max(values):.3f})")
-    ratio = statistics.median(times["with signals"]) / statistics.median(times["without"])
-    print(f"step time with the signals / without: {ratio:.3f} ({tokens.num_tokens} tokens, "
-          f"{tokens.num_action_tokens} action tokens per step)")
+    found = [Summary.of(f"{name}: s per step", values, "s") for name, values in times.items()]
+    found.append(Summary.of("with the signals / without", [a / b for a, b in zip(times["with signals"], times["without"],
+                                                                                  strict=True)], "x"))
+    save_result("familiarity_overhead", f"familiarity signals' cost: a train step of the full estimator with and "
+                f"without them (quickstart models, {tokens.num_tokens} tokens, {tokens.num_action_tokens} action "
+                "tokens a step)", found, [{"side": name, "seconds": values} for name, values in times.items()])
     return 0
 
 

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
+from record import MIN_REPEATS, Summary, save_result
 
 
 def main() -> None:
@@ -32,7 +30,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=32, help="policy.max_batch_size")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=MIN_REPEATS)
     args = parser.parse_args()
 
     import torch
@@ -79,21 +77,18 @@ def main() -> None:
                 seconds[name].append(time.perf_counter() - start)
 
     lengths = sorted(len(p) for p in prompts)
-    table = Table(title=f"{len(prompts)} WebShop prompts ({lengths[0]}-{lengths[-1]} tokens, median "
-                        f"{lengths[len(lengths) // 2]}), {model.name}, {args.dtype}, batches of {args.batch_size}, "
-                        f"greedy, median of {args.repeats}")
-    for column in ("batches", "padded prompt tokens", "seconds", "generated tokens", "tokens/s"):
-        table.add_column(column, justify="right" if column != "batches" else "left")
-    for name, (_, pad) in sides.items():
-        generated = sum(len(g.token_ids) for g in outputs[name])
-        median = statistics.median(seconds[name])
-        table.add_row(name, str(pad), f"{median:.1f}", str(generated), f"{generated / median:.1f}")
-    console = Console()
-    console.print(table)
     same = sum(a.token_ids == b.token_ids for a, b in zip(*outputs.values(), strict=True))
-    ratio = statistics.median(seconds["arrival order"]) / statistics.median(seconds["by length"])
-    console.print(f"by length: {ratio:.2f}x faster; {same}/{len(prompts)} completions token for token the same "
-                  f"(others differ by {args.dtype} rounding under a different padding)")
+    generated = {name: sum(len(g.token_ids) for g in outputs[name]) for name in sides}
+    found = [Summary.of(f"{name}: generated tok/s ({pad} padded prompt tokens)",
+                        [generated[name] / t for t in seconds[name]], "tok/s") for name, (_, pad) in sides.items()]
+    found.append(Summary.of("by length / arrival order", [a / b for a, b in zip(seconds["arrival order"],
+                                                                                 seconds["by length"], strict=True)], "x"))
+    save_result("generation_batching", f"student generation (transformers): rows batched by prompt length vs in "
+                f"arrival order ({len(prompts)} WebShop prompts of {lengths[0]}-{lengths[-1]} tokens, {model.name} "
+                f"{args.dtype}, batches of {args.batch_size}, greedy)", found,
+                [{"side": name, "seconds": seconds[name], "generated_tokens": generated[name]} for name in sides],
+                notes=f"{same}/{len(prompts)} completions token for token the same (others differ by {args.dtype} "
+                      "rounding under a different padding).")
 
 
 if __name__ == "__main__":

@@ -22,13 +22,12 @@ this script is for.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
-import statistics
 import time
 
 import torch
+from record import Summary, save_result
 
 from turnopd.config import LoraConfig, LossConfig, ObjectiveConfig, PolicyConfig, TrainerConfig
 from turnopd.core.types import Trajectory, Turn, build_token_batch
@@ -52,10 +51,6 @@ def timed(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def train_and_share(kind: str, path, args, batch) -> tuple[torch.nn.Module, dict[str, object]]:
@@ -114,23 +109,17 @@ def main() -> None:
         for kind in ("full", "lora"):
             results[kind]["vllm_sync_s"] = vllm_syncs(students[kind], tokenizer, args)
     full, lora = results["full"], results["lora"]
-    print(f"\nSmolLM2-135M fp32, batch {args.batch} x ({args.prompt_len} + {args.action_len}) tokens, "
-          f"LoRA rank {args.rank} on all linear layers; median (range) of {args.repeats} repeats")
-    print("| measure | full | lora | full / lora |\n|---|---|---|---|")
-    print(f"| trainable parameters | {full['trainable_parameters'] / 1e6:.1f}M | "
-          f"{lora['trainable_parameters'] / 1e6:.2f}M | |")
-    print(f"| synced per step | {full['synced_mb']:.0f} MB | {lora['synced_mb']:.1f} MB | "
-          f"{full['synced_mb'] / lora['synced_mb']:.0f}x |")
+    found = []
     for key, label in (("step_s", "optimizer step"), ("vllm_sync_s", "vLLM weight sync"),
                        ("shared_write_s", "generator-process copy (SharedWeights.write)")):
-        if key not in full:
-            continue
-        f, g = summary(full[key]), summary(lora[key])
-        ratios = [a / b for a, b in zip(full[key], lora[key], strict=True)]
-        r = summary(ratios)
-        print(f"| {label} | {f['median']:.3f} s ({f['min']:.3f}-{f['max']:.3f}) | "
-              f"{g['median']:.3f} s ({g['min']:.3f}-{g['max']:.3f}) | {r['median']:.1f}x ({r['min']:.1f}-{r['max']:.1f}) |")
-    print(json.dumps(results))
+        if key in full:
+            found += [Summary.of(f"{label}, {kind}", results[kind][key], "s") for kind in ("full", "lora")]
+            found.append(Summary.of(f"{label}, full / LoRA", [a / b for a, b in zip(full[key], lora[key], strict=True)],
+                                    "x"))
+    save_result("lora_sync", f"LoRA student (rank {args.rank}, all linear layers) vs full fine-tuning, SmolLM2-135M "
+                f"fp32, batch {args.batch} x ({args.prompt_len} + {args.action_len}) tokens, k1, ZeRO-0", found,
+                [results], notes=f"{lora['trainable_parameters'] / 1e6:.2f}M of {full['trainable_parameters'] / 1e6:.1f}M "
+                f"parameters train; {full['synced_mb']:.0f} MB synced a step in full, {lora['synced_mb']:.1f} MB with LoRA.")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from record import Summary, save_result
+
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("sync", "one_step_off", "pool")
 
@@ -45,7 +47,7 @@ RECIPE = """
 name: bench
 output_dir: {out}/runs
 student:
-  path: {out}/models/student
+  path: {out}/models/student-h{hidden}-l{layers}
   prepare: tiny
   prepare_options: {{tokenizer: {tokenizer}, hidden_size: {hidden}, num_layers: {layers}, num_heads: {heads},
                     max_position_embeddings: 2048, seed: 7}}
@@ -73,7 +75,8 @@ def prepare_models(out: Path, teacher_spec: str | None, hidden: int) -> tuple[st
         return str(Path(teacher_spec).resolve()), load_teacher_spec(teacher_spec).model
     from turnopd.models import prepare_model
 
-    teacher_dir = prepare_model("tiny", out / "models" / "teacher", env="alfworld", corpus_episodes=20,
+    # one folder per size, so a smoke run at another size does not stand in the way of this one
+    teacher_dir = prepare_model("tiny", out / "models" / f"teacher-h{hidden}", env="alfworld", corpus_episodes=20,
                                 hidden_size=hidden, num_layers=2, num_heads=max(1, hidden // 64),
                                 max_position_embeddings=2048, seed=0)
     spec = out / "models" / "teacher.yaml"
@@ -118,7 +121,7 @@ def summarize(run_dir: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="the repeats (interleaved)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads of every run (OMP_NUM_THREADS)")
     parser.add_argument("--sync-threads", nargs="+", type=int, help="one sync run per value (default: --threads)")
     parser.add_argument("--steps", type=int, default=10)
@@ -166,6 +169,18 @@ def main() -> None:
               f"{baseline / m['step_s']:.2f}x | {100 * m['trainer_idle']:.0f}% | {generator_idle} | "
               f"{m['generated_tok_s']:.1f} | {m['trained_tok_s']:.0f} | {m['staleness']:.2f} | {m['dropped']:.0f} |")
     print()
+    sync = [label for label in variants if variants[label][0] == "sync"]
+    paired = []
+    for label in variants:
+        paired.append(Summary.of(f"{label}: s per step", [r["step_s"] for r in rows[label]], "s"))
+        if sync and label not in sync:  # against the fastest sync run of the same seed
+            paired.append(Summary.of(f"{label} speed-up over sync", [
+                min(summarize(runs[s, seed])["step_s"] for s in sync) / summarize(runs[label, seed])["step_s"]
+                for seed in args.seeds], "x"))
+    save_result("pipeline_overlap", f"asynchronous pipeline vs sync ({args.steps} steps x {args.episodes} episodes, "
+                f"ALFWorld max_turns {args.max_turns}, {'given teacher' if args.teacher else 'tiny random models'}; "
+                f"repeats = seeds {args.seeds})", paired, [{"variant": label, "seed": seed, **summarize(runs[label, seed])}
+                                                           for label in variants for seed in args.seeds])
     first = next(iter(runs.values())).name  # a sync run's, when there is one
     frontier = subprocess.run([sys.executable, "-m", "turnopd.cli", "frontier", "--md", "--baseline", first,
                                *map(str, runs.values())], cwd=REPO, text=True, capture_output=True)

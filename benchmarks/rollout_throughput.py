@@ -22,7 +22,10 @@
    turn (each turn's prompt + answer, batched, as for history-window prompts); teacher tokens/s
    (tokens run through the model / time) and action tokens scored per second.
 
-Sections 2 and 3 are indicative: each configuration is timed once.
+Every section runs `--repeats` repeats (3 by default) with its configurations interleaved and writes
+its summary rows (median, range) to benchmarks/results/<section>.json (benchmarks/record.py);
+section 2's name carries OMP_NUM_THREADS (rollout_backends_omp1.json): vLLM's CPU worker binds its
+own threads whatever it says, the transformers backend runs on that many, so the ratio depends on it.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from pathlib import Path
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from record import MIN_REPEATS, Summary, save_result  # noqa: E402
 
 from envs import make_env_spec  # noqa: E402
 from envs.base import PromptContext, format_answer  # noqa: E402
@@ -157,34 +162,62 @@ def engine_report(rows: list[dict]) -> str:
 
 
 def bench_rollouts(model_dir: Path, backends: list[str], batch_sizes: list[int], turns: int,
-                   max_new_tokens: int) -> list[dict]:
+                   max_new_tokens: int, repeats: int) -> list[dict]:
+    """Section 2: one row per (repeat, batch size, backend); the backends interleaved within a repeat,
+    every one playing the same episodes with the same sampling seed."""
     env_config = EnvConfig(name="alfworld", max_turns=50, history_length=2, num_workers=2)
     spec = make_env_spec(env_config)
     tasks = spec.tasks("valid_unseen")
     sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=0)
     rows = []
     with EnvPool(spec, num_workers=env_config.num_workers, step_timeout_s=300) as pool:
-        for backend in backends:
-            options = {"max_model_len": MAX_MODEL_LEN} if backend == "vllm" else {}
-            policy = make_policy(PolicyConfig(backend=backend, max_batch_size=32, options=options), model_dir,
-                                 dtype="float32")
-            rollout(spec, pool, policy, tasks[:2], env_config=env_config, sampling=sampling, turn_limits=[1] * len(tasks[:2]))  # warm-up
+        policies = {backend: make_policy(PolicyConfig(backend=backend, max_batch_size=32, options={
+            "max_model_len": MAX_MODEL_LEN} if backend == "vllm" else {}), model_dir, dtype="float32")
+            for backend in backends}
+        for backend, policy in policies.items():  # warm-up: the first calls compile and allocate; vLLM's
+            # CPU worker does so again at each new batch size (its first batch of 32 ran at 0.3-0.4x of the
+            # next ones), a cost a run pays once, so it is paid here before any timing
+            for batch in batch_sizes if backend == "vllm" else [2]:
+                rollout(spec, pool, policy, tasks[:batch], env_config=env_config, sampling=sampling,
+                        turn_limits=[1] * batch)
+        for repeat in range(repeats):
             for batch in batch_sizes:
-                ledger = Ledger()
-                start = time.perf_counter()
-                trajs = rollout(spec, pool, policy, tasks[:batch], env_config=env_config, sampling=sampling,
-                                turn_limits=[turns] * len(tasks[:batch]), ledger=ledger)
-                wall = time.perf_counter() - start
-                tokens = sum(t.num_action_tokens for t in trajs)
-                steps = sum(t.depth for t in trajs)
-                busy = ledger.busy_totals  # waiting for generation / for the env, overlapping
-                rows.append({"backend": backend, "batch": batch, "generated_tokens": tokens, "env_steps": steps,
-                             "generation_s": busy["generation"], "env_s": busy["env"], "wall_s": wall,
-                             "gen_tokens_per_s": tokens / busy["generation"], "env_steps_per_s": steps / wall})
-                print(json.dumps(rows[-1]), flush=True)
+                for backend, policy in policies.items():
+                    ledger = Ledger()
+                    start = time.perf_counter()
+                    trajs = rollout(spec, pool, policy, tasks[:batch], env_config=env_config, sampling=sampling,
+                                    turn_limits=[turns] * len(tasks[:batch]), ledger=ledger)
+                    wall = time.perf_counter() - start
+                    tokens = sum(t.num_action_tokens for t in trajs)
+                    steps = sum(t.depth for t in trajs)
+                    busy = ledger.busy_totals  # waiting for generation / for the env, overlapping
+                    rows.append({"repeat": repeat, "backend": backend, "batch": batch, "generated_tokens": tokens,
+                                 "env_steps": steps, "generation_s": busy["generation"], "env_s": busy["env"],
+                                 "wall_s": wall, "gen_tokens_per_s": tokens / busy["generation"],
+                                 "env_steps_per_s": steps / wall})
+                    print(json.dumps(rows[-1]), flush=True)
+        for policy in policies.values():
             policy.close()
-            del policy
     return rows
+
+
+def rollout_summaries(rows: list[dict]) -> list[Summary]:
+    """Per batch size: each backend's generated tokens/s, and vLLM / transformers paired per repeat."""
+    out = []
+    by = {(r["repeat"], r["backend"], r["batch"]): r for r in rows}
+    for batch in sorted({r["batch"] for r in rows}):
+        for backend in dict.fromkeys(r["backend"] for r in rows):
+            out.append(Summary.of(f"{backend}, batch {batch}: generated tok/s",
+                                  [r["gen_tokens_per_s"] for r in rows if (r["backend"], r["batch"]) == (backend, batch)],
+                                  "tok/s"))
+        pairs = [(by[(k, "vllm", batch)], by[(k, "transformers", batch)]) for k in sorted({r["repeat"] for r in rows})
+                 if (k, "vllm", batch) in by and (k, "transformers", batch) in by]
+        if pairs:
+            out.append(Summary.of(f"vLLM / transformers, batch {batch}: generated tok/s",
+                                  [v["gen_tokens_per_s"] / t["gen_tokens_per_s"] for v, t in pairs], "x"))
+            out.append(Summary.of(f"vLLM / transformers, batch {batch}: env steps/s of the whole rollout",
+                                  [v["env_steps_per_s"] / t["env_steps_per_s"] for v, t in pairs], "x"))
+    return out
 
 
 def expert_chats(model_dir: Path, n: int, max_turns: int) -> list[Trajectory]:
@@ -228,7 +261,8 @@ def per_turn_copies(trajs: list[Trajectory]) -> list[Trajectory]:
     return out
 
 
-def bench_teachers(model_dir: Path, backends: list[str], n: int, max_turns: int) -> list[dict]:
+def bench_teachers(model_dir: Path, backends: list[str], n: int, max_turns: int, repeats: int) -> list[dict]:
+    """Section 3: one row per (repeat, backend, mode), the modes interleaved within a repeat."""
     trajs = expert_chats(model_dir, n, max_turns)
     assert all(len(trajectory_sequences(t)) == 1 for t in trajs), "expert chats must append"
     action_tokens = sum(t.num_action_tokens for t in trajs)
@@ -237,40 +271,46 @@ def bench_teachers(model_dir: Path, backends: list[str], n: int, max_turns: int)
         teacher = make_teacher(TeacherSpec(name="bench", model=str(model_dir), backend=backend, dtype="float32",
                                            max_length=MAX_MODEL_LEN))
         score_trajectories({"alfworld": teacher}, per_turn_copies(trajs[:1]))  # warm-up
-        for mode, batch in (("one_pass", trajs), ("per_turn", per_turn_copies(trajs))):
-            start = time.perf_counter()
-            scored = score_trajectories({"alfworld": teacher}, batch)
-            seconds = time.perf_counter() - start
-            rows.append({"backend": backend, "mode": mode, "trajectories": len(trajs), "turns": sum(t.depth for t in trajs),
-                         "tokens_scored": scored, "action_tokens": action_tokens, "seconds": seconds,
-                         "teacher_tokens_per_s": scored / seconds, "action_tokens_per_s": action_tokens / seconds})
-            print(json.dumps(rows[-1]), flush=True)
+        for repeat in range(repeats):
+            for mode, batch in (("one_pass", trajs), ("per_turn", per_turn_copies(trajs))):
+                start = time.perf_counter()
+                scored = score_trajectories({"alfworld": teacher}, batch)
+                seconds = time.perf_counter() - start
+                rows.append({"repeat": repeat, "backend": backend, "mode": mode, "trajectories": len(trajs),
+                             "turns": sum(t.depth for t in trajs), "tokens_scored": scored,
+                             "action_tokens": action_tokens, "seconds": seconds,
+                             "teacher_tokens_per_s": scored / seconds, "action_tokens_per_s": action_tokens / seconds})
+                print(json.dumps(rows[-1]), flush=True)
         teacher.close()
         del teacher
     return rows
 
 
-def report(rollout_rows: list[dict], teacher_rows: list[dict]) -> str:
-    lines = ["| batch | backend | generated tok/s | env steps/s | env share of wall |", "|---|---|---|---|---|"]
-    by = {(r["backend"], r["batch"]): r for r in rollout_rows}
-    for (backend, batch), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        lines.append(f"| {batch} | {backend} | {r['gen_tokens_per_s']:.1f} | {r['env_steps_per_s']:.2f} | "
-                     f"{r['env_s'] / r['wall_s']:.0%} |")
-    for batch in sorted({b for _, b in by}):
-        if ("vllm", batch) in by and ("transformers", batch) in by:
-            v, t = by[("vllm", batch)], by[("transformers", batch)]
-            lines.append(f"| {batch} | vLLM / transformers | {v['gen_tokens_per_s'] / t['gen_tokens_per_s']:.2f}x | "
-                         f"{v['env_steps_per_s'] / t['env_steps_per_s']:.2f}x | |")
-    lines += ["", "| teacher | scoring | tokens run | action tok/s | teacher tok/s | time (s) |", "|---|---|---|---|---|---|"]
-    tb = {(r["backend"], r["mode"]): r for r in teacher_rows}
-    for (backend, mode), r in tb.items():
-        lines.append(f"| {backend} | {mode} | {r['tokens_scored']} | {r['action_tokens_per_s']:.1f} | "
-                     f"{r['teacher_tokens_per_s']:.0f} | {r['seconds']:.1f} |")
-    for backend in sorted({b for b, _ in tb}):
-        if (backend, "one_pass") in tb and (backend, "per_turn") in tb:
-            ratio = tb[(backend, "per_turn")]["seconds"] / tb[(backend, "one_pass")]["seconds"]
-            lines.append(f"| {backend} | per-turn time / one-pass time | | | | {ratio:.2f}x |")
-    return "\n".join(lines)
+def teacher_summaries(rows: list[dict]) -> list[Summary]:
+    """Per backend: action tokens scored per second in one pass, and per-turn time / one-pass time."""
+    out = []
+    for backend in dict.fromkeys(r["backend"] for r in rows):
+        mine = {(r["repeat"], r["mode"]): r for r in rows if r["backend"] == backend}
+        repeats = sorted({k for k, _ in mine})
+        out.append(Summary.of(f"{backend} teacher, one pass per trajectory: action tok/s",
+                              [mine[(k, "one_pass")]["action_tokens_per_s"] for k in repeats], "tok/s"))
+        out.append(Summary.of(f"{backend} teacher: one pass per trajectory vs one per turn (time ratio)",
+                              [mine[(k, "per_turn")]["seconds"] / mine[(k, "one_pass")]["seconds"] for k in repeats],
+                              "x"))
+    return out
+
+
+def engine_summaries(rows: list[dict]) -> list[Summary]:
+    """Section 1: per backend and engine, episode-turns/s as a ratio to lock-step's, paired per repeat."""
+    out = []
+    for backend in dict.fromkeys(r["backend"] for r in rows):
+        mine = [r for r in rows if r["backend"] == backend]
+        base = {r["repeat"]: r["episode_turns_per_s"] for r in mine if r["mode"] == "lock-step batches"}
+        out.append(Summary.of(f"{backend}, lock-step batches: episode-turns/s", list(base.values()), "turns/s"))
+        for mode in dict.fromkeys(r["mode"] for r in mine if r["mode"] != "lock-step batches"):
+            out.append(Summary.of(f"{backend}, {mode} / lock-step", [r["episode_turns_per_s"] / base[r["repeat"]]
+                                                                      for r in mine if r["mode"] == mode], "x"))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,30 +326,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-rollouts", action="store_true")
     parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "quickstart.yaml", help="section 1's recipe")
     parser.add_argument("--episodes", type=int, default=32, help="section 1: episodes per mode and repeat")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=MIN_REPEATS, help="every section's repeats")
     parser.add_argument("--engines-only", action="store_true", help="section 1 only")
     parser.add_argument("--skip-engines", action="store_true")
-    parser.add_argument("--output", type=Path, help="write all rows as JSON here")
+    parser.add_argument("--skip-teachers", action="store_true")
     args = parser.parse_args(argv)
-    engine_rows = [] if args.skip_engines else bench_engines(args.recipe, args.backends, args.episodes, args.repeats)
-    if engine_rows:
+    backends = " and ".join(args.backends)
+    if not args.skip_engines:
+        engine_rows = bench_engines(args.recipe, args.backends, args.episodes, args.repeats)
         print(engine_report(engine_rows))
+        save_result(f"rollout_engines_{'_'.join(args.backends)}", f"agent loop vs lock-step engine ({backends}), "
+                    f"quickstart batches, {args.episodes} episodes", engine_summaries(engine_rows), engine_rows)
     if args.engines_only:
-        if args.output:
-            args.output.write_text(json.dumps({"args": vars(args), "engines": engine_rows,
-                                               "table": engine_report(engine_rows)}, indent=1, default=str))
         return 0
     model_dir = resolve_model(args.model)
-    print(f"model {model_dir}, threads {os.environ.get('OMP_NUM_THREADS', 'default')}", flush=True)
-    rollout_rows = [] if args.skip_rollouts else bench_rollouts(
-        model_dir, args.backends, args.batch_sizes, args.turns, args.max_new_tokens)
-    teacher_rows = bench_teachers(model_dir, args.backends, args.teacher_trajectories, args.teacher_turns)
-    table = report(rollout_rows, teacher_rows)
-    print(table)
-    if args.output:
-        args.output.write_text(json.dumps({"model": str(model_dir), "args": vars(args), "engines": engine_rows,
-                                           "rollouts": rollout_rows, "teachers": teacher_rows, "table": table},
-                                          indent=1, default=str))
+    model = model_dir.name
+    if not args.skip_rollouts:
+        rows = bench_rollouts(model_dir, args.backends, args.batch_sizes, args.turns, args.max_new_tokens, args.repeats)
+        # vLLM's CPU worker binds its own threads; transformers gets OMP_NUM_THREADS: part of the condition
+        threads = os.environ.get("OMP_NUM_THREADS", "unset")
+        save_result(f"rollout_backends_omp{threads}", f"student rollouts, OMP_NUM_THREADS={threads}, {backends} ({model} fp32, real ALFWorld, 2 env workers, "
+                    f"{args.turns} turn(s) of <= {args.max_new_tokens} tokens)", rollout_summaries(rows), rows)
+    if args.skip_teachers:
+        return 0
+    rows = bench_teachers(model_dir, args.backends, args.teacher_trajectories, args.teacher_turns, args.repeats)
+    save_result("teacher_scoring", f"teacher scoring, one pass per trajectory vs one per turn ({backends}, {model} "
+                f"fp32, {args.teacher_trajectories} ALFWorld expert chats of <= {args.teacher_turns} turns)",
+                teacher_summaries(rows), rows)
     return 0
 
 

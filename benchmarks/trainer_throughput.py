@@ -19,8 +19,10 @@ one returning the given completions, as TurnOPD's trainer gets them from the rol
                    teacher phase, not timed here)
     trl gkd        GKDTrainer.train, steps timed by a callback
 
-Reported: trained tokens/s (all prompt + completion tokens through the student per second of an
-optimizer step after warm-up; median and best step) and MFU = 6 * params * tokens/s over the matmul
+Reported (benchmarks/results/trainer_throughput_<dtype>.json), each the median over `--repeats`
+processes per trainer, run interleaved, with the range: trained tokens/s (all prompt + completion
+tokens through the student per second of a process's median optimizer step after warm-up), the ratio
+to TRL's paired per repeat and MFU = 6 * params * tokens/s over the matmul
 peak in the same dtype measured in the same run on the device that trains (best 2048^3 matmul on a
 CPU, 8192^3 on a GPU, before and after; teacher forwards are not counted in the 6 * params). Each trainer runs in its own process, one after another, for its
 peak RSS.
@@ -29,6 +31,7 @@ peak RSS.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -40,6 +43,7 @@ import time
 from pathlib import Path
 
 import torch
+from record import MIN_REPEATS, Summary, save_result
 
 from turnopd.core.device import matmul_peak_flops, run_device
 
@@ -176,6 +180,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    installed = [t for t in TRAINERS if t != "trl-gkd" or importlib.util.find_spec("trl")]
+    parser.add_argument("--trainers", nargs="+", choices=TRAINERS, default=installed, help="default: those installed")
+    parser.add_argument("--repeats", type=int, default=MIN_REPEATS, help="processes per trainer, interleaved")
     parser.add_argument("--worker", choices=TRAINERS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -186,35 +193,36 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     size = peak_matmul_size(device)
     peak = matmul_peak_flops(device, dtype, size)
-    results = {}
-    for name in TRAINERS:
-        cmd = [sys.executable, __file__, "--worker", name, *sys.argv[1:]]
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            sys.exit(f"{name} failed:\n{done.stderr[-4000:]}")
-        results[name] = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"{name}: step times {[round(t, 2) for t in results[name]['times']]} s", file=sys.stderr)
+    runs: list[dict] = []
+    for repeat in range(args.repeats):  # each trainer in its own process, interleaved: A B C A B C ...
+        for name in args.trainers:
+            cmd = [sys.executable, __file__, "--worker", name, *sys.argv[1:]]
+            env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                sys.exit(f"{name} failed:\n{done.stderr[-4000:]}")
+            runs.append({"trainer": name, "repeat": repeat, **json.loads(done.stdout.strip().splitlines()[-1])})
+            print(f"{name} (repeat {repeat + 1}): step times {[round(t, 2) for t in runs[-1]['times']]} s", file=sys.stderr)
     peak = max(peak, matmul_peak_flops(device, dtype, size))
-
-    params = results["turnopd-k1"]["params"]
     tokens = args.batch * (args.prompt_len + args.completion_len)
-    print(f"\nModel {args.model} ({params / 1e6:.1f}M params), batch {args.batch} x ({args.prompt_len} prompt + "
-          f"{args.completion_len} completion) tokens, {args.dtype} on {device}, {args.threads} threads, {args.steps} "
-          f"timed steps after {args.warmup} warm-up; {args.dtype} matmul peak {peak / 1e9:.0f} GFLOP/s ({size}^3 on "
-          f"{device}, same run)\n")
-    print("| trainer | loss | tokens/s (median step) | tokens/s (best step) | MFU (best) | vs TRL GKD "
-          "(median / best) | peak RSS |")
-    print("|---|---|---|---|---|---|---|")
-    losses = {"turnopd-full": "full-vocab reverse KL (teacher in step)", "turnopd-k1": "sampled-token k1",
-              "trl-gkd": "full-vocab reverse KL (GKD beta=1, teacher in step)"}
-    # On a shared machine contention only slows a step: the best step is the steadiest figure (as
-    # the best matmul is for the peak); the median shows the typical one.
-    rates = {name: (tokens / statistics.median(r["times"]), tokens / min(r["times"])) for name, r in results.items()}
-    gkd_median, gkd_best = rates["trl-gkd"]
-    for name, (median, best) in rates.items():
-        print(f"| {name} | {losses[name]} | {median:.0f} | {best:.0f} | {100 * 6 * params * best / peak:.1f}% | "
-              f"{median / gkd_median:.2f}x / {best / gkd_best:.2f}x | {results[name]['peak_rss_gb']:.2f} GB |")
+    params = next(r["params"] for r in runs)
+    # one figure per process: its median step (contention only slows a step; the median is the typical one)
+    rate = {(r["trainer"], r["repeat"]): tokens / statistics.median(r["times"]) for r in runs}
+    found = []
+    for name in args.trainers:
+        rates = [rate[name, k] for k in range(args.repeats)]
+        found += [Summary.of(f"{name}: trained tok/s", rates, "tok/s"),
+                  Summary.of(f"{name}: MFU", [100 * 6 * params * x / peak for x in rates], "%"),
+                  Summary.of(f"{name}: peak RSS", [r["peak_rss_gb"] for r in runs if r["trainer"] == name], "GB")]
+        if name != "trl-gkd" and "trl-gkd" in args.trainers:
+            found.append(Summary.of(f"{name} / trl-gkd", [rate[name, k] / rate["trl-gkd", k] for k in range(args.repeats)],
+                                    "x"))
+    save_result(f"trainer_throughput_{args.dtype}", f"trainer throughput, {args.model} ({params / 1e6:.1f}M params) "
+                f"{args.dtype} on {device.type}, batch {args.batch} x ({args.prompt_len} + {args.completion_len}) "
+                f"tokens: turnopd-full (teacher in step, full-vocab reverse KL), turnopd-k1 (sampled-token k1), trl-gkd "
+                f"(GKD beta=1)", found, runs, notes=f"MFU: 6 x params x tokens/s over the {args.dtype} matmul peak "
+                f"measured in the same run ({peak / 1e9:.0f} GFLOP/s, {size}^3 on {device.type}).")
+
 
 if __name__ == "__main__":
     main()

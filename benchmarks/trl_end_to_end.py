@@ -90,8 +90,10 @@ import threading
 import time
 from pathlib import Path
 
+import record
+
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results" / "trl_end_to_end"
+RESULTS = record.RESULTS / "trl_end_to_end"  # raw runs beside the summary (a --quick run: in its scratch folder)
 MODELS_DIR = Path("~/.cache/turnopd/models").expanduser()
 RECIPE = "recipes/quickstart.yaml"
 # The quickstart's env settings (recipes/alfworld/base.yaml): the first-turn prompt of each train game.
@@ -595,7 +597,8 @@ def main() -> None:
                         help="times to run a repeat again when other processes ran during it")
     parser.add_argument("--max-others-cpu", type=float, default=0.1,
                         help="share of all cores that other processes may use during a kept run")
-    parser.add_argument("--turnopd", default=str(REPO / ".venv/bin/turnopd"), help="TurnOPD's CLI (main venv)")
+    parser.add_argument("--turnopd", default=str(Path(sys.executable).parent / "turnopd"),
+                        help="TurnOPD's CLI (default: beside this python, the main venv's)")
     parser.add_argument("--trl-python", default=str(REPO / ".venv-trl/bin/python"), help="python of the TRL venv")
     parser.add_argument("--workdir", default=None, help="where runs go while they run (default: a temp dir)")
     parser.add_argument("--tag", default="", help="suffix of the results file name")
@@ -694,6 +697,24 @@ def measure(args: argparse.Namespace, models: list[str], sides: list[str]) -> No
     print("\n" + phase_table(raw))
     path.write_text(json.dumps(raw, indent=1))
     print(f"\nraw numbers: {path.relative_to(REPO)}")
+    record.save_result("trl_end_to_end", f"end to end vs TRL DistillationTrainer, one-turn ALFWorld prompts, batch "
+                       f"{args.batch}, fp32 CPU ({', '.join(f'{m}: {steps[m]} steps' for m in models)})",
+                       summaries(results), raw["runs"], notes=f"Raw runs and the phase table: {path.relative_to(REPO)}.")
+
+
+def summaries(results: dict[str, dict[str, list[dict]]]) -> list[record.Summary]:
+    """Per model: each side's steps/s, TurnOPD / TRL paired per repeat, and the trainer's peak RSS ratio."""
+    out = []
+    for model, sides in results.items():
+        out += [record.Summary.of(f"{model}, {side}: steps/s", [f["steps_per_s"] for f in runs], "steps/s")
+                for side, runs in sides.items()]
+        if len(sides) == 2:
+            pairs = list(zip(sides["turnopd"], sides["trl"], strict=True))
+            out.append(record.Summary.of(f"{model}: TurnOPD / TRL steps/s",
+                                         [a["steps_per_s"] / b["steps_per_s"] for a, b in pairs], "x"))
+            out.append(record.Summary.of(f"{model}: TurnOPD / TRL trainer peak RSS",
+                                         [a["peak_rss_gb"] / b["peak_rss_gb"] for a, b in pairs], "x"))
+    return out
 
 
 if __name__ == "__main__":
