@@ -110,8 +110,11 @@ def held_out_split(spec: EnvSpec) -> str:
     return default if default in spec.splits() else spec.splits()[-1]
 
 
-RUNS = ("in-process", "pool 1 worker", "pool 2 workers")
-RAY_RUNS = ("ray pool 1 actor", "ray pool 2 actors")
+# each pool run: its label -> (workers, whether they are Ray actors)
+POOLS = {"pool 1 worker": (1, False), "pool 2 workers": (2, False),
+         "ray pool 1 actor": (1, True), "ray pool 2 actors": (2, True)}
+RUNS = ("in-process", *(label for label, (_, on_ray) in POOLS.items() if not on_ray))
+RAY_RUNS = tuple(label for label, (_, on_ray) in POOLS.items() if on_ray)
 
 
 def measure(spec: EnvSpec, tasks: list[str], config: EnvConfig, advance, runs=RUNS) -> dict[str, RolloutTimes]:
@@ -123,12 +126,13 @@ def measure(spec: EnvSpec, tasks: list[str], config: EnvConfig, advance, runs=RU
             runner.reset(tasks[:1])  # warm-up: engine imports and caches are not a reset's cost
             measured[run] = play_batch(spec, runner, tasks, config, advance)
             continue
+        num_workers, on_ray = POOLS[run]
         workers = {}
-        if run.startswith("ray"):
+        if on_ray:
             from envs.ray_pool import RayWorkers
 
             workers = {"workers": partial(RayWorkers, ray_config=RayEnvConfig())}  # joins the benchmark's cluster
-        with EnvPool(spec, num_workers=int(run.split()[-2]), step_timeout_s=600, **workers) as pool:
+        with EnvPool(spec, num_workers=num_workers, step_timeout_s=600, **workers) as pool:
             measured[run] = play_batch(spec, pool, tasks, config, advance)
     return measured
 
