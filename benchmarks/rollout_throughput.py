@@ -26,6 +26,9 @@ Every section runs `--repeats` repeats (3 by default) with its configurations in
 its summary rows (median, range) to benchmarks/results/<section>.json (benchmarks/record.py);
 section 2's name carries OMP_NUM_THREADS (rollout_backends_omp1.json): vLLM's CPU worker binds its
 own threads whatever it says, the transformers backend runs on that many, so the ratio depends on it.
+Sections 2 and 3 run each repeat in a process of its own (loading, warming up, measuring): repeats in
+one process agree to within 2% while fresh processes differ by up to 15% (where vLLM's worker lands
+its threads and memory), so only a range over processes says what a re-run will see.
 """
 
 from __future__ import annotations
@@ -330,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engines-only", action="store_true", help="section 1 only")
     parser.add_argument("--skip-engines", action="store_true")
     parser.add_argument("--skip-teachers", action="store_true")
+    parser.add_argument("--one-repeat", type=int, help=argparse.SUPPRESS)  # set for the child processes
+    parser.add_argument("--rows-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     backends = " and ".join(args.backends)
     if not args.skip_engines:
@@ -340,20 +345,46 @@ def main(argv: list[str] | None = None) -> int:
     if args.engines_only:
         return 0
     model_dir = resolve_model(args.model)
+    if args.one_repeat is not None:  # a child process: one repeat of sections 2 and 3, rows to a file
+        rows = {"rollouts": [] if args.skip_rollouts else bench_rollouts(
+                    model_dir, args.backends, args.batch_sizes, args.turns, args.max_new_tokens, repeats=1),
+                "teachers": [] if args.skip_teachers else bench_teachers(
+                    model_dir, args.backends, args.teacher_trajectories, args.teacher_turns, repeats=1)}
+        args.rows_out.write_text(json.dumps(rows))
+        return 0
+    if args.skip_rollouts and args.skip_teachers:
+        return 0
+    rows = repeats_in_processes(argv if argv is not None else sys.argv[1:], args.repeats)
     model = model_dir.name
     if not args.skip_rollouts:
-        rows = bench_rollouts(model_dir, args.backends, args.batch_sizes, args.turns, args.max_new_tokens, args.repeats)
         # vLLM's CPU worker binds its own threads; transformers gets OMP_NUM_THREADS: part of the condition
         threads = os.environ.get("OMP_NUM_THREADS", "unset")
         save_result(f"rollout_backends_omp{threads}", f"student rollouts, OMP_NUM_THREADS={threads}, {backends} ({model} fp32, real ALFWorld, 2 env workers, "
-                    f"{args.turns} turn(s) of <= {args.max_new_tokens} tokens)", rollout_summaries(rows), rows)
-    if args.skip_teachers:
-        return 0
-    rows = bench_teachers(model_dir, args.backends, args.teacher_trajectories, args.teacher_turns, args.repeats)
-    save_result("teacher_scoring", f"teacher scoring, one pass per trajectory vs one per turn ({backends}, {model} "
-                f"fp32, {args.teacher_trajectories} ALFWorld expert chats of <= {args.teacher_turns} turns)",
-                teacher_summaries(rows), rows)
+                    f"{args.turns} turn(s) of <= {args.max_new_tokens} tokens), a process per repeat",
+                    rollout_summaries(rows["rollouts"]), rows["rollouts"])
+    if not args.skip_teachers:
+        save_result("teacher_scoring", f"teacher scoring, one pass per trajectory vs one per turn ({backends}, {model} "
+                    f"fp32, {args.teacher_trajectories} ALFWorld expert chats of <= {args.teacher_turns} turns), "
+                    "a process per repeat", teacher_summaries(rows["teachers"]), rows["teachers"])
     return 0
+
+
+def repeats_in_processes(argv: list[str], repeats: int) -> dict[str, list[dict]]:
+    """Run sections 2 and 3 once per repeat, each in a fresh process (this script with --one-repeat),
+    and gather their rows, numbered by repeat."""
+    import subprocess
+    import tempfile
+
+    gathered: dict[str, list[dict]] = {"rollouts": [], "teachers": []}
+    with tempfile.TemporaryDirectory(prefix="turnopd-bench-") as scratch:
+        for repeat in range(repeats):
+            out = Path(scratch) / f"repeat{repeat}.json"
+            print(f"--- repeat {repeat + 1}/{repeats}, a fresh process ---", flush=True)
+            subprocess.run([sys.executable, __file__, *argv, "--skip-engines", "--one-repeat", str(repeat),
+                            "--rows-out", str(out)], check=True)
+            for section, rows in json.loads(out.read_text()).items():
+                gathered[section] += [{**row, "repeat": repeat} for row in rows]
+    return gathered
 
 
 if __name__ == "__main__":

@@ -28,24 +28,25 @@ What is compared. TRL 1.16's on-policy distillation trainer is the stable `trl.D
 is tool calling (the student emits tool calls in its chat template's format, TRL runs them and
 appends the results); environments (`environment_factory`, `rollout_func`) are GRPO's only. The ALFWorld
 students answer `<action>...</action>`, not tool calls, and their ChatML template has no tool
-format, so the comparison is on single-turn prompts: the first-turn prompts of the 100 real ALFWorld
-`look_at_obj_in_light` train games, rendered by TurnOPD's own CLI (`turnopd env play --show-prompt`
-with the quickstart's env settings: template notebook, answer_format action, history_length 1,
-options.notes true) and wrapped in the student's chat template as one user message with the
-generation prompt (what TurnOPD's rollout engine does; checked against
+format, so the comparison is on single-turn prompts, the same job on both sides: the first-turn
+prompts of the 100 real ALFWorld `look_at_obj_in_light` train games, as the prompts env renders them
+(recipes/prompts/alfworld_first_turns.yaml: the quickstart's env settings, template notebook,
+answer_format action, history_length 1, options.notes true; the file is copied to
+benchmarks/results/trl_end_to_end/prompts.jsonl), each wrapped in the student's chat template as one
+user message with the generation prompt (what TurnOPD's rollout engine does; checked against
 `turnopd.rollout.engine.chat_prompt_ids` when it imports).
 
-    turnopd  `turnopd distill recipes/quickstart.yaml` with one-turn episodes: env.max_turns=1,
-             depth.mode=full, loss.mode=token_mean, objective.estimator=full (the
-             recipe's: full-vocabulary reverse KL, teacher in-process), B episodes per step, S steps,
-             no eval at the start or during, a 1-task eval at the end (off the clock), no checkpoints,
-             no trackers. Its clock and tokens are read from the run's metrics.jsonl. Each step
-             resets B real games in the env pool (2 workers), generates, steps the env once,
-             scores with the teacher and trains: the env part is TurnOPD's cost alone.
+    turnopd  `turnopd distill recipes/prompts/alfworld_first_turns.yaml`: the prompts env with
+             env.pool=inline (no env process: an episode ends at its answer), depth.mode=full,
+             loss.mode=token_mean, objective.estimator=full (full-vocabulary reverse KL, teacher
+             in-process), B episodes per step, S steps, no eval at the start or during, a 1-task eval
+             at the end (off the clock), no checkpoints, no trackers. Its clock, tokens and the parts of
+             its steps are read from the run's metrics.jsonl.
     trl      DistillationTrainer on the same prompts (B per step, shuffled), beta=1 (reverse KL
              over the full vocabulary, in TRL 1.16 1.0 = reverse, 0.0 = forward), loss temperature 1;
              sampling temperature via generation_kwargs (TRL's `temperature` also divides the
-             logits in the loss), top_k=0, top_p=1, max_completion_length = max new tokens.
+             logits in the loss), top_k=0, top_p=1, max_completion_length = max new tokens; its parts
+             timed around its own calls (time_parts).
 
 Both: the same student and teacher weights, fp32 on CPU, lr, constant schedule, grad clip 1.0, torch
 fused AdamW (betas 0.9/0.999, no weight decay), no activation checkpointing (TRL's default is on),
@@ -55,27 +56,21 @@ OMP_NUM_THREADS=threads, HF_HUB_OFFLINE=1. Stop: TurnOPD cuts a completion at th
 `</action>` is one token (the tiny tokenizer) it is added to the student's generation_config eos ids
 (`--trl-stop eos-id`, the default: the same completions' lengths on both sides), else (SmolLM2: 3
 tokens) TRL stops at EOS only; the table gives the tokens per episode of each side. Differences that
-remain: TurnOPD plays the env (resets and one step per episode) and TRL has no env; TurnOPD packs the batch without padding, TRL pads it; TurnOPD samples B of the 100 games per
+remain: TurnOPD packs the batch without padding, TRL pads it; TurnOPD samples B of the 100 prompts per
 step at random, TRL walks a shuffled order (so the two see different, equally drawn, prompts).
 
 Reported per side, each figure the median of `--repeats` runs (sides interleaved A B A B ..., each
 in its own process, after waiting for the cores to be quiet) with its range: end-to-end optimizer
 steps/s over the steps after `--warmup` (wall clock between the end of the last warm-up step and the
-end of the last step: generation, env, teacher, backward, optimizer, logging), trained tokens/s
+end of the last step: generation, teacher, backward, optimizer, logging), trained tokens/s
 (prompt + completion tokens through the student), generated tokens/s, peak RSS of the largest
-process (wait4 of the child: the trainer) and of the process tree (sampled every 0.2 s: TurnOPD's env
-workers included). Raw numbers go to benchmarks/results/trl_end_to_end/.
-
-The saved run (benchmarks/results/trl_end_to_end/20261201-212646.json) predates commit b5e758b: then
-TurnOPD with objective.estimator=full also scored the sampled tokens with the teacher in a "teacher"
-phase before the training step ran the teacher again (1.10 of SmolLM2's 8.94 s per step); since then
-`full` runs the teacher once, in the training step, as TRL does.
+process (wait4 of the child: the trainer) and of the process tree (sampled every 0.2 s), and a table
+of where a step's time goes (phase_table). Raw numbers go to benchmarks/results/trl_end_to_end/.
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import itertools
 import json
 import os
@@ -95,11 +90,7 @@ import record
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = record.RESULTS / "trl_end_to_end"  # raw runs beside the summary (a --quick run: in its scratch folder)
 MODELS_DIR = Path("~/.cache/turnopd/models").expanduser()
-RECIPE = "recipes/quickstart.yaml"
-# The quickstart's env settings (recipes/alfworld/base.yaml): the first-turn prompt of each train game.
-ENV_SETTINGS = ["task_types=[look_at_obj_in_light]", "template=notebook", "answer_format=action",
-                "history_length=1", "options.notes=true", "max_turns=1"]
-NUM_TRAIN_GAMES = 100  # look_at_obj_in_light train games of the data folder
+RECIPE = "recipes/prompts/alfworld_first_turns.yaml"  # the prompts env: the ALFWorld games' first turns
 MODELS = {
     # The quickstart's tiny pair: they share a tokenizer (the teacher's SFT recipe built both).
     "tiny": {"student": MODELS_DIR / "alfworld-student-sft400", "teacher": REPO / "runs/teachers/alfworld",
@@ -115,32 +106,17 @@ STOP = "</action>"  # the recipe's policy.stop: TurnOPD ends a completion at it
 # ---- prompts -------------------------------------------------------------------------------------
 
 
-def _play_prompt(args: argparse.Namespace, index: int) -> dict:
-    """The first-turn prompt of train game `index`, as TurnOPD renders it (`turnopd env play`)."""
-    cmd = [*turnopd_cli(args), "env", "play", "alfworld", "--split", "train", "--task", str(index), "--show-prompt",
-           *ENV_SETTINGS]
-    done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, cwd=args.src,
-                          env=child_env(args, threads=1))
-    found = re.search(r"^--- prompt ---\n(.*?)\n-{14}$", done.stdout, re.S | re.M)
-    task = re.search(r"^alfworld train task (\S+)", done.stdout, re.M)
-    if done.returncode != 0 or not found or not task:
-        raise RuntimeError(f"`{' '.join(cmd)}` gave no prompt:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    return {"task_id": task.group(1), "prompt": found.group(1)}
+def first_turn_prompts(args: argparse.Namespace) -> list[dict]:
+    """The recipe's train prompts (the prompts env renders them once from the real ALFWorld games),
+    copied to the results folder, where the TRL side reads them."""
+    from envs import make_env_spec
+    from turnopd.orchestration.recipe import load_recipe
 
-
-def first_turn_prompts(args: argparse.Namespace, refresh: bool = False) -> list[dict]:
-    """All train games' first-turn user messages, cached in the results folder (2 CLI calls at a time)."""
-    path = RESULTS / "prompts.json"
-    if path.exists() and not refresh:
-        cached = json.loads(path.read_text())
-        if cached.get("env_settings") == ENV_SETTINGS:
-            return cached["prompts"]
-    print(f"rendering the first-turn prompts of {NUM_TRAIN_GAMES} train games with `turnopd env play` ...", flush=True)
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        prompts = list(pool.map(lambda i: _play_prompt(args, i), range(NUM_TRAIN_GAMES)))
+    spec = make_env_spec(load_recipe(args.src / RECIPE).env)
+    rows = [json.loads(line) for line in spec.files["train"].read_text().splitlines()]
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"env_settings": ENV_SETTINGS, "prompts": prompts}, indent=1))
-    return prompts
+    (RESULTS / "prompts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return rows
 
 
 # ---- processes -----------------------------------------------------------------------------------
@@ -316,14 +292,12 @@ def turnopd_command(args: argparse.Namespace, model: str, workdir: Path, name: s
     spec = MODELS[model]
     overrides = [
         f"name={name}", f"output_dir={workdir}", f"seed={args.seed}",
-        "env.max_turns=1", "depth.h_min=1", "depth.mode=full", "loss.mode=token_mean",
-        "objective.estimator=full", "objective.kind=reverse",
         f"trainer.episodes_per_step={args.batch}", f"trainer.steps={args.warmup + args.steps}",
         f"trainer.lr={args.lr}", "trainer.lr_schedule=constant", "trainer.lr_warmup_steps=0", "trainer.grad_clip=1.0",
         "trainer.weight_decay=0.0", "trainer.dtype=float32", "trainer.activation_checkpointing=false",
         f"policy.max_new_tokens={args.max_new_tokens}", f"policy.temperature={args.temperature}", "policy.top_p=1.0",
-        "eval.at_start=false", "eval.every=0", "eval.max_tasks=1", "eval.teacher=false", "checkpoint.every=0", "tracking=[]",
-        f"student.path={spec['student']}", "student.dtype=float32",
+        "eval.at_start=false", "eval.every=0", "eval.max_tasks=1", "eval.teacher=false", "checkpoint.every=0",
+        f"student.path={spec['student']}", "student.dtype=float32", f"policy.backend={args.policy_backend}",
     ]
     if spec.get("prepare"):
         overrides.append(f"student.prepare={spec['prepare']}")
@@ -331,7 +305,7 @@ def turnopd_command(args: argparse.Namespace, model: str, workdir: Path, name: s
         teacher_yaml = workdir / "teacher.yaml"
         teacher_yaml.write_text(f"name: {spec['teacher_spec']}-teacher\nmodel: {spec['teacher']}\n"
                                 "backend: transformers\ndtype: float32\nmax_length: 2048\n")
-        overrides.append(f"teachers.alfworld={teacher_yaml}")
+        overrides.append(f"teachers.prompts={teacher_yaml}")
     return [*turnopd_cli(args), "distill", RECIPE, *overrides]
 
 
@@ -341,7 +315,12 @@ def read_turnopd_metrics(run_dir: Path, warmup: int) -> dict:
     timed = train[warmup:]
     phases: dict[str, float] = {}
     for r in timed:
-        for key, value in r.get("phases", {}).items():
+        step_phases = r.get("phases", {})
+        generation = r.get("busy", {}).get("generation", 0.0)
+        parts = r.get("train_parts", {})
+        for key, value in {"generation": generation, "rollout, other": step_phases.get("rollout", 0.0) - generation,
+                           **parts, "train, other": step_phases.get("train", 0.0) - sum(parts.values()),
+                           **{k: v for k, v in step_phases.items() if k not in ("rollout", "train")}}.items():
             phases[key] = phases.get(key, 0.0) + value / len(timed)
     return {
         "steps": len(train),
@@ -403,7 +382,7 @@ def trl_worker(args: argparse.Namespace) -> None:
     from trl import DistillationConfig, DistillationTrainer
 
     spec = MODELS[args.models]
-    prompts = [p["prompt"] for p in json.loads((RESULTS / "prompts.json").read_text())["prompts"]]
+    prompts = [json.loads(line)["prompt"] for line in (RESULTS / "prompts.jsonl").read_text().splitlines()]
     tokenizer = AutoTokenizer.from_pretrained(str(spec["student"]))
     student = AutoModelForCausalLM.from_pretrained(str(spec["student"]), dtype=torch.float32)
     teacher = AutoModelForCausalLM.from_pretrained(str(spec["teacher"]), dtype=torch.float32)
@@ -423,12 +402,20 @@ def trl_worker(args: argparse.Namespace) -> None:
 
         def on_step_end(self, _args, state, *__, **___) -> None:
             self.step_end.append(time.perf_counter() - self.train_begin)
+            parts.end_step()
             print(f"trl step {state.global_step}/{state.max_steps}: {self.step_end[-1]:.1f} s", flush=True)
+
+        def on_pre_optimizer_step(self, *_, **__) -> None:
+            parts.begin("optimizer")
+
+        def on_optimizer_step(self, *_, **__) -> None:
+            parts.end("optimizer")
 
         def on_log(self, _args, state, _control, logs=None, **__) -> None:
             if logs and "num_tokens" in logs:
                 self.logs.append({"step": state.global_step, **logs})
 
+    parts = StepParts()
     clock = Clock()
     total_steps = args.warmup + args.steps
     with tempfile.TemporaryDirectory() as out_dir:
@@ -443,7 +430,7 @@ def trl_worker(args: argparse.Namespace) -> None:
         dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in prompts])
         trainer = DistillationTrainer(model=student, teacher_model=teacher, args=config, train_dataset=dataset,
                                       processing_class=tokenizer, callbacks=[clock])
-        generation_s = time_generation(trainer)
+        time_parts(trainer, teacher, parts)
         before_train = time.perf_counter() - started
         trainer.train()
     tokens_seen = [0] + [log["num_tokens"] for log in clock.logs]
@@ -456,7 +443,8 @@ def trl_worker(args: argparse.Namespace) -> None:
         "loss": [log.get("loss") for log in clock.logs],
         "clipped_ratio": [log.get("completions/clipped_ratio") for log in clock.logs],
         "stop": stop,
-        "phases_per_step_s": {"generation": statistics.mean(generation_s[args.warmup:]) if generation_s else None},
+        "phases_per_step_s": {part: statistics.mean(step.get(part, 0.0) for step in parts.steps[args.warmup:])
+                              for part in PARTS},
         "prompt_tokens_mean": statistics.mean(prompt_lengths),
     }
     Path(args.out).write_text(json.dumps(result))
@@ -495,20 +483,61 @@ def check_prompt_ids(tokenizer, prompts: list[str]) -> list[int]:
     return [len(ids) for ids in trl_ids]
 
 
-def time_generation(trainer) -> list[float]:
-    """Seconds of each on-policy generation call, timed around the trainer's own (behaviour unchanged)."""
-    times: list[float] = []
-    generate = trainer._generate_single_turn
+PARTS = ("generation", "teacher", "student forward and loss", "backward", "optimizer")
 
-    def timed(*a, **kw):
-        start = time.perf_counter()
+
+class StepParts:
+    """Seconds per optimizer step spent in each of TRL's parts (PARTS), from timers around its calls."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, float]] = []
+        self.current: dict[str, float] = {}
+        self._began: dict[str, float] = {}
+
+    def begin(self, part: str) -> None:
+        self._began[part] = time.perf_counter()
+
+    def end(self, part: str) -> float:
+        took = time.perf_counter() - self._began.pop(part)
+        self.current[part] = self.current.get(part, 0.0) + took
+        return took
+
+    def end_step(self) -> None:
+        self.steps.append(self.current)
+        self.current = {}
+
+
+def time_parts(trainer, teacher, parts: StepParts) -> None:
+    """Time the trainer's parts around its own calls (behaviour unchanged): its on-policy generation,
+    the teacher backbone's forward (hooks), the loss (student forward, both heads and the divergence;
+    the teacher's share taken out), the backward and (callbacks) the optimizer step."""
+
+    def timed(name: str, call):
+        def run(*a, **kw):
+            parts.begin(name)
+            try:
+                return call(*a, **kw)
+            finally:
+                parts.end(name)
+        return run
+
+    trainer._generate_single_turn = timed("generation", trainer._generate_single_turn)
+    trainer.accelerator.backward = timed("backward", trainer.accelerator.backward)
+    compute_loss = trainer._compute_loss
+
+    def loss_without_teacher(*a, **kw):
+        teacher_before = parts.current.get("teacher", 0.0)
+        parts.begin("student forward and loss")
         try:
-            return generate(*a, **kw)
+            return compute_loss(*a, **kw)
         finally:
-            times.append(time.perf_counter() - start)
+            parts.end("student forward and loss")
+            parts.current["student forward and loss"] -= parts.current.get("teacher", 0.0) - teacher_before
 
-    trainer._generate_single_turn = timed
-    return times
+    trainer._compute_loss = loss_without_teacher
+    backbone = teacher.get_decoder()
+    backbone.register_forward_pre_hook(lambda *_: parts.begin("teacher"))
+    backbone.register_forward_hook(lambda *_: parts.end("teacher") and None)
 
 
 # ---- the measurement -----------------------------------------------------------------------------
@@ -551,10 +580,24 @@ def table(results: dict, steps: dict[str, int]) -> str:
     return "\n".join(rows)
 
 
+# Where a step's time goes, in columns both sides have: each side's own parts summed into them.
+BREAKDOWN = {
+    "generation": ("generation",),
+    "rollout, other (env, batching)": ("rollout, other",),
+    "teacher forward": ("teacher",),
+    "student forward + loss + backward": ("forward_backward", "student forward and loss", "backward"),
+    "optimizer": ("optimizer",),
+    "weight sync": ("weight_sync",),
+}
+
+
 def phase_table(raw: dict) -> str:
-    """Seconds per timed step by phase (the kept run of median speed): TurnOPD's ledger phases; for TRL
-    its generation call and the rest of the step (teacher and student forward, backward, optimizer)."""
-    rows = ["| model | side | s / step | phases (s / step) |", "|---|---|---|---|"]
+    """Seconds per timed step by part (the kept run of median speed): TurnOPD's from its step records
+    (the ledger's phases and generation busy time, the trainer's own parts), TRL's from timers around
+    its calls (time_parts); what neither names is "other" (logging, batch building, TRL's gradient
+    clipping, TurnOPD's loss weights)."""
+    columns = [*BREAKDOWN, "other"]
+    rows = ["| model | side | s / step | " + " | ".join(columns) + " |", "|---|---|---|" + "---|" * len(columns)]
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in raw["runs"]:
         if r["kept"]:
@@ -562,10 +605,11 @@ def phase_table(raw: dict) -> str:
     for (model, side), runs in groups.items():
         median_run = sorted(runs, key=lambda r: r["figures"]["s_per_step"])[len(runs) // 2]
         step = median_run["figures"]["s_per_step"]
-        phases = {k: v for k, v in median_run["run"]["phases_per_step_s"].items() if v is not None}
-        phases["rest of the step"] = step - sum(phases.values())
-        cells = ", ".join(f"{k} {v:.3f}" for k, v in phases.items() if abs(v) >= 0.0005)
-        rows.append(f"| {model} | {side} | {step:.3f} | {cells} |")
+        parts = {k: v for k, v in median_run["run"]["phases_per_step_s"].items() if v is not None}
+        cells = {column: sum(parts.get(name, 0.0) for name in names) for column, names in BREAKDOWN.items()}
+        cells["other"] = step - sum(cells.values())
+        rows.append(f"| {model} | {side} | {step:.3f} | " + " | ".join(
+            f"{v:.3f}" if abs(v) >= 0.0005 else "–" for v in cells.values()) + " |")
     return "\n".join(rows)
 
 
@@ -597,12 +641,13 @@ def main() -> None:
                         help="times to run a repeat again when other processes ran during it")
     parser.add_argument("--max-others-cpu", type=float, default=0.1,
                         help="share of all cores that other processes may use during a kept run")
+    parser.add_argument("--policy-backend", choices=("transformers", "vllm"), default="transformers",
+                        help="TurnOPD's rollout engine (vllm: run with --turnopd .venv-vllm/bin/turnopd)")
     parser.add_argument("--turnopd", default=str(Path(sys.executable).parent / "turnopd"),
                         help="TurnOPD's CLI (default: beside this python, the main venv's)")
     parser.add_argument("--trl-python", default=str(REPO / ".venv-trl/bin/python"), help="python of the TRL venv")
     parser.add_argument("--workdir", default=None, help="where runs go while they run (default: a temp dir)")
     parser.add_argument("--tag", default="", help="suffix of the results file name")
-    parser.add_argument("--refresh-prompts", action="store_true")
     parser.add_argument("--snapshot", action="store_true",
                         help="run TurnOPD from git's index exported to a temp dir, not the work tree (edits in progress)")
     parser.add_argument("--report", type=Path, help="print the tables of a saved raw JSON again, run nothing")
@@ -641,7 +686,7 @@ def main() -> None:
 
 def measure(args: argparse.Namespace, models: list[str], sides: list[str]) -> None:
     """Every model's repeats, sides interleaved; prints the table and saves the raw numbers."""
-    prompts = first_turn_prompts(args, args.refresh_prompts)
+    prompts = first_turn_prompts(args)
     print(f"{len(prompts)} first-turn prompts; batch {args.batch}, {args.warmup} warm-up + "
           f"{args.steps or 'per-model'} timed steps, "
           f"{args.repeats} repeats, sides {' / '.join(sides)} interleaved, OMP_NUM_THREADS={args.threads}", flush=True)
@@ -696,10 +741,14 @@ def measure(args: argparse.Namespace, models: list[str], sides: list[str]) -> No
     raw["table"], raw["steps"] = md, steps
     print("\n" + phase_table(raw))
     path.write_text(json.dumps(raw, indent=1))
-    print(f"\nraw numbers: {path.relative_to(REPO)}")
-    record.save_result("trl_end_to_end", f"end to end vs TRL DistillationTrainer, one-turn ALFWorld prompts, batch "
-                       f"{args.batch}, fp32 CPU ({', '.join(f'{m}: {steps[m]} steps' for m in models)})",
-                       summaries(results), raw["runs"], notes=f"Raw runs and the phase table: {path.relative_to(REPO)}.")
+    shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path  # a --quick run's scratch folder
+    print(f"\nraw numbers: {shown}")
+    vllm = args.policy_backend == "vllm"
+    record.save_result("trl_end_to_end" + ("_vllm_rollouts" if vllm else ""),
+                       f"end to end vs TRL DistillationTrainer on the same job (the prompts env: one-turn ALFWorld "
+                       f"prompts), batch {args.batch}, fp32 CPU ({', '.join(f'{m}: {steps[m]} steps' for m in models)})"
+                       + (", TurnOPD's rollouts on vLLM, TRL's on transformers generate" if vllm else ""),
+                       summaries(results), raw["runs"], notes=f"Raw runs and the phase table: {shown}.")
 
 
 def summaries(results: dict[str, dict[str, list[dict]]]) -> list[record.Summary]:

@@ -1,5 +1,6 @@
-"""Episodes stepped in parallel in long-lived env workers: local processes (`env.pool: local`) or Ray
-actors (`env.pool: ray`, envs.ray_pool).
+"""Episodes stepped in parallel in long-lived env workers: local processes (`env.pool: local`), Ray
+actors (`env.pool: ray`, envs.ray_pool), or, for an env that costs nothing to step, envs in this
+process (`env.pool: inline`).
 
 Episodes live in slots 0, 1, ...; slot i belongs to worker i % num_workers, which holds one `Env` per
 slot and answers its requests one after the other while the other workers do the same. Each reset
@@ -29,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing as mp
+import os
+import queue
 import signal
 import threading
 import time
@@ -161,6 +164,50 @@ class ProcessWorkers:
         self._wake_write.close()
 
 
+class InlineWorkers:
+    """`env.pool: inline`: the workers' envs live in this process and answer each request at once, in
+    the caller's thread. For envs that cost nothing to step (a prompt dataset): no process to start,
+    no pipe to cross. Nothing isolates a crash or a hang: an exception still ends only its episode,
+    but an env that hangs holds the caller."""
+
+    def __init__(self, spec: EnvSpec, num_workers: int, step_latency_s: float = 0.0):
+        if step_latency_s:
+            raise ValueError("inline env workers answer in the caller's thread, so a step latency would stall "
+                             "every episode; use env.pool=local to stand in for a costly env")
+        self.spec = spec
+        self.envs = [WorkerEnvs(spec) for _ in range(num_workers)]
+        self._answers: queue.SimpleQueue[Answer | None] = queue.SimpleQueue()
+
+    def start(self, w: int) -> None:
+        self.envs[w] = WorkerEnvs(self.spec)
+
+    def stop(self, w: int, graceful: bool) -> None:
+        self.envs[w].close()
+
+    def send(self, w: int, command: str, slot: int, arg: str) -> None:
+        self._answers.put((w, slot, self.envs[w].answer(command, slot, arg)))
+
+    def end(self, w: int, slots: list[int]) -> None:
+        self.envs[w].end(slots)
+
+    def pid(self, w: int) -> int:
+        return os.getpid()
+
+    def answers(self, timeout: float) -> Iterator[Answer]:
+        with contextlib.suppress(queue.Empty):
+            answer = self._answers.get(timeout=timeout)
+            while answer is not None:  # None: a wake-up
+                yield answer
+                answer = self._answers.get_nowait()
+
+    def wake(self) -> None:
+        self._answers.put(None)
+
+    def close(self) -> None:
+        for envs in self.envs:
+            envs.close()
+
+
 class EnvPool:
     def __init__(self, spec: EnvSpec, num_workers: int = 2, step_timeout_s: float = 60.0,
                  step_latency_s: float = 0.0, workers: Callable[[EnvSpec, int, float], Workers] = ProcessWorkers):
@@ -191,6 +238,8 @@ class EnvPool:
         """The pool a recipe's `env` block makes (env.pool: its workers' hosts; env.num_workers,
         env.step_timeout_s, env.step_latency_s)."""
         workers: Callable[[EnvSpec, int, float], Workers] = ProcessWorkers
+        if env_config.pool == "inline":
+            workers = InlineWorkers
         if env_config.pool == "ray":
             from envs.ray_pool import RayWorkers
 

@@ -51,3 +51,67 @@ def test_the_published_page_is_what_the_saved_results_give():
     assert table.render(page, table.table()) == page, "run python benchmarks/table.py"
     for path in record.RESULTS.glob("*.json"):
         assert table.row(json.loads(path.read_text())) in page
+
+
+def test_the_end_to_end_breakdown_puts_each_sides_parts_in_shared_columns():
+    import trl_end_to_end as e2e
+
+    def run(side, s_per_step, phases, kept=True):
+        return {"model": "m", "side": side, "kept": kept, "figures": {"s_per_step": s_per_step},
+                "run": {"phases_per_step_s": phases}}
+
+    turnopd = {"generation": 3.0, "rollout, other": 0.5, "teacher": 1.0, "forward_backward": 4.0, "optimizer": 0.5,
+               "train, other": 0.2, "weight_sync": 0.001}
+    trl = {"generation": 2.0, "teacher": 1.5, "student forward and loss": 1.0, "backward": 2.5, "optimizer": 0.4}
+    raw = {"runs": [run("turnopd", 12.0, {}), run("turnopd", 10.0, turnopd), run("turnopd", 9.0, {}),
+                    run("turnopd", 10.5, {}, kept=False), run("trl", 8.0, trl)]}
+    lines = e2e.phase_table(raw).splitlines()
+    assert lines[0] == ("| model | side | s / step | generation | rollout, other (env, batching) | teacher forward | "
+                        "student forward + loss + backward | optimizer | weight sync | other |")
+    # the kept run of median speed (10.0 of 9, 10, 12); other = 10 - (3 + 0.5 + 1 + 4 + 0.5 + 0.001) = 0.999
+    assert lines[2] == "| m | turnopd | 10.000 | 3.000 | 0.500 | 1.000 | 4.000 | 0.500 | 0.001 | 0.999 |"
+    # TRL: forward and loss + backward = 1.0 + 2.5; other = 8 - (2 + 1.5 + 3.5 + 0.4) = 0.6
+    assert lines[3] == "| m | trl | 8.000 | 2.000 | – | 1.500 | 3.500 | 0.400 | – | 0.600 |"
+
+
+def test_trls_parts_are_timed_around_its_calls_with_the_teacher_taken_out_of_the_loss(monkeypatch):
+    """A stand-in trainer on a fake clock: generation 2 s; the loss 3 s of which the teacher's forward
+    1 s; backward 4 s; the optimizer (callbacks) 0.5 s."""
+    from types import SimpleNamespace
+
+    import torch
+    import trl_end_to_end as e2e
+
+    now = [0.0]
+    monkeypatch.setattr(e2e.time, "perf_counter", lambda: now[0])
+
+    def advance(seconds):
+        now[0] += seconds
+
+    class Backbone(torch.nn.Module):
+        def forward(self, x):
+            advance(1.0)
+            return x
+
+    backbone = Backbone()
+    teacher = SimpleNamespace(get_decoder=lambda: backbone)
+
+    def compute_loss(x):
+        advance(1.5)
+        backbone(x)  # the teacher's forward, inside the loss
+        advance(0.5)
+
+    trainer = SimpleNamespace(_generate_single_turn=lambda: advance(2.0), _compute_loss=compute_loss,
+                              accelerator=SimpleNamespace(backward=lambda loss: advance(4.0)))
+    parts = e2e.StepParts()
+    e2e.time_parts(trainer, teacher, parts)
+    trainer._generate_single_turn()
+    trainer._compute_loss(torch.zeros(1))
+    trainer.accelerator.backward(None)
+    parts.begin("optimizer")
+    advance(0.5)
+    parts.end("optimizer")
+    parts.end_step()
+    assert parts.steps == [{"generation": 2.0, "teacher": 1.0, "student forward and loss": 2.0, "backward": 4.0,
+                            "optimizer": 0.5}]
+    assert parts.current == {}

@@ -159,6 +159,20 @@ def test_the_in_process_teacher_gives_the_same_signals_from_its_own_forward(teac
     assert metrics["familiarity_kept_share"] is None
 
 
+def test_without_signals_the_in_process_teacher_trains_the_same_step(teacher_dir):
+    teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32)
+    metrics = {}
+    for signals in (True, False):
+        torch.manual_seed(5)
+        trainer = Trainer(LlamaForCausalLM(teacher.config).float(), *configs("full", "token_mean", micro_batch_tokens=40),
+                          total_steps=2, teacher_model=copy.deepcopy(teacher),
+                          familiarity_cfg=FamiliarityConfig(signals=signals))
+        metrics[signals] = trainer.step(build_token_batch(TRAJS), alpha=0.0)
+    assert metrics[False]["turn_signals"] == {} and set(metrics[True]["turn_signals"]) == {
+        "context_logprob", "action_logprob", "action_entropy"}
+    assert metrics[False]["loss"] == metrics[True]["loss"] and metrics[False]["turn_kl"] == metrics[True]["turn_kl"]
+
+
 # ------------------------------------------------------------------------------------------------
 # The controls through the trainer
 # ------------------------------------------------------------------------------------------------
@@ -256,6 +270,8 @@ def test_recipes_refuse_a_control_without_threshold_and_unknown_names(tmp_path, 
         load_recipe(recipe, ["familiarity.mode=soft"])
     with pytest.raises(RecipeError, match="'familiarity.signal'.*allowed: action_entropy, action_logprob, context"):
         load_recipe(recipe, ["familiarity.signal=kl"])
+    with pytest.raises(RecipeError, match="'familiarity.signals': false with familiarity.mode=weight, which scales"):
+        load_recipe(recipe, ["familiarity.mode=weight", "familiarity.threshold=1.0", "familiarity.signals=false"])
     check_setup(load_recipe(recipe, ["familiarity.mode=gate", "familiarity.signal=action_entropy",
                                      "familiarity.threshold=1.0"]))  # transformers scores the exact entropy
     server = tmp_path / "server.yaml"

@@ -88,8 +88,9 @@ class EnvConfig:
     # a fixed wait per real reset and step, in the env worker: a fast env standing in for a costly
     # one (a remote sandbox); 0 for the env as it is
     step_latency_s: float = field(default=0.0, metadata=_range(0.0))
-    # where the env workers run: processes of this node (local), or Ray actors placed by `ray` (ray)
-    pool: str = field(default="local", metadata=_choices("local", "ray"))
+    # where the env workers run: processes of this node (local), Ray actors placed by `ray` (ray), or this
+    # process itself (inline: for an env that costs nothing to step, e.g. prompts; no crash isolation)
+    pool: str = field(default="local", metadata=_choices("local", "ray", "inline"))
     ray: RayEnvConfig = field(default_factory=RayEnvConfig)
     task_types: list[str] = field(default_factory=list)  # empty: all task types of the split
     max_tasks: int | None = None  # first N tasks of the split (after task_types), None: all
@@ -170,7 +171,7 @@ class LossConfig:
 @dataclass
 class FamiliarityConfig:
     """Where the teacher is guessing (turnopd.algorithm.familiarity): every run logs the signals per
-    turn; `mode` weight or gate also scales each turn's KL weight by its `signal`."""
+    turn (unless `signals` is false); `mode` weight or gate also scales each turn's KL weight by its `signal`."""
 
     mode: str = field(default="none", metadata=_registered("familiarity mode"))
     signal: str = field(default="context_logprob", metadata=_registered("familiarity signal"))
@@ -179,6 +180,9 @@ class FamiliarityConfig:
     temperature: float = field(default=1.0, metadata=_range(1e-6))  # weight: the sigmoid's scale
     # teacher top-k scored for action_entropy from a backend whose scores carry no entropy (vllm, vllm_server)
     topk: int = field(default=0, metadata=_range(0))
+    # false: an in-process teacher (objective.estimator full) skips the signals, whose context_logprob reads
+    # its head out at every context token (on one-turn prompts ~half its forward again); mode none only
+    signals: bool = True
 
 
 @dataclass
@@ -391,7 +395,8 @@ def check_consistency(cfg: RunConfig) -> None:
     the backends' registries are turnopd.orchestration.recipe's)."""
     d, horizon = cfg.depth, cfg.env.max_turns
     if d.h_min > horizon:
-        raise RecipeError(f"recipe key 'depth.h_min'={d.h_min} exceeds the horizon 'env.max_turns'={horizon}")
+        raise RecipeError(f"recipe key 'depth.h_min'={d.h_min} exceeds the horizon 'env.max_turns'={horizon}; "
+                          f"set depth.h_min={horizon} or lower")
     if d.ema == 0:
         raise RecipeError("recipe key 'depth.ema': 0 would never move the cap; need 0 < ema <= 1")
     if d.mode == "fixed" and (d.fixed_cap is None or not 1 <= d.fixed_cap <= horizon):
@@ -449,6 +454,9 @@ def check_consistency(cfg: RunConfig) -> None:
         raise RecipeError(f"recipe key 'objective.clip_eps': {o.clip_eps}; it clips the importance ratio of an "
                           f"estimator that has one ({with_ratio}), and {o.estimator} has none")
     fam = cfg.familiarity
+    if fam.mode != "none" and not fam.signals:
+        raise RecipeError(f"recipe key 'familiarity.signals': false with familiarity.mode={fam.mode}, which scales "
+                          f"each turn's weight by its {fam.signal}: the signals are needed")
     if fam.mode != "none" and fam.threshold is None:
         raise RecipeError(f"recipe key 'familiarity.threshold': familiarity.mode={fam.mode} needs a threshold in "
                           f"the units of familiarity.signal={fam.signal} (`turnopd teacher audit RECIPE` prints "
@@ -466,6 +474,9 @@ def check_consistency(cfg: RunConfig) -> None:
     if cfg.env.name not in cfg.teachers:
         raise RecipeError(f"recipe key 'teachers': no teacher for env {cfg.env.name!r}; "
                           f"set teachers.{cfg.env.name}=<path to teacher.yaml>")
+    if cfg.env.pool == "inline" and cfg.env.step_latency_s:
+        raise RecipeError("recipe key 'env.step_latency_s' with env.pool=inline: inline env workers answer in the "
+                          "caller's thread, so a latency would stall every episode; use env.pool=local")
     if cfg.env.pool == "ray" and importlib.util.find_spec("ray") is None:
         raise RecipeError("recipe key 'env.pool': 'ray' needs the ray package, which is not installed: "
                           "pip install 'turnopd[ray]' (or env.pool=local)")

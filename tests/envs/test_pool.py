@@ -263,7 +263,7 @@ def test_env_pool_ray_is_a_recipe_choice_refused_without_ray(tmp_path, monkeypat
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("name: t\nstudent: {path: x}\nteachers: {alfworld: t.yaml}\n")
     assert load_recipe(recipe).env.pool == "local"
-    with pytest.raises(RecipeError, match=r"recipe key 'env.pool': 'sandbox' is not allowed; allowed: local, ray"):
+    with pytest.raises(RecipeError, match=r"recipe key 'env.pool': 'sandbox' is not allowed; allowed: local, ray, inline"):
         load_recipe(recipe, ["env.pool=sandbox"])
     hide_package(monkeypatch, "ray")
     with pytest.raises(RecipeError, match=r"recipe key 'env.pool': 'ray' needs the ray package, which is not "

@@ -3,6 +3,7 @@ from a full forward of a copy of the model (tests/trainer/helpers.py)."""
 
 import copy
 import math
+import time
 
 import pytest
 import torch
@@ -117,7 +118,13 @@ def test_activation_checkpointing_leaves_the_step_unchanged():
 def test_metrics_from_an_independent_computation():
     trainer = Trainer(tiny_llama(0), *configs("k1", "progressive", micro_batch_tokens=10_000), total_steps=2)
     batch = build_token_batch(TRAJS)
+    start = time.perf_counter()
     metrics = trainer.step(batch, alpha=0.5)
+    took = time.perf_counter() - start
+    # the step's parts (no in-process teacher here: its part is ~0) fit inside its wall-clock
+    assert set(metrics["train_parts"]) == {"teacher", "forward_backward", "optimizer"}
+    assert all(v >= 0 for v in metrics["train_parts"].values()) and sum(metrics["train_parts"].values()) <= took
+    assert metrics["train_parts"]["forward_backward"] > metrics["train_parts"]["teacher"]
 
     with torch.no_grad():
         rows = reference_token_logprobs(tiny_llama(0), TRAJS)

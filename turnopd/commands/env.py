@@ -1,8 +1,9 @@
-"""`turnopd env list | play | expert`: the quickest way to see that an environment works.
+"""`turnopd env list | play | expert | prompts`: the quickest way to see that an environment works.
 
     turnopd env list
     turnopd env play alfworld --split valid_unseen --task 3
     turnopd env expert alfworld --split valid_unseen --workers 2 options.expert=handcoded
+    turnopd env prompts alfworld --split train -o first_turns.jsonl   # the prompts env's file format
 
 Trailing KEY=VALUE arguments set the env block of a recipe (turnopd.config.EnvConfig), e.g.
 max_turns=30 task_types=[pick_and_place_simple] options.expert=handcoded.
@@ -15,6 +16,7 @@ import dataclasses
 import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from envs.base import EnvSpec, PromptContext, recent_pairs
@@ -157,6 +159,19 @@ def expert(args: argparse.Namespace) -> int:
     return 0
 
 
+def prompts(args: argparse.Namespace) -> int:
+    """Each task's first-turn prompt, as the student sees it, written as the prompts env's JSONL
+    (envs/prompts): one-turn distillation on an agent's openings, or a prompt trainer's dataset; with
+    --expert-answers, the expert's first action as each prompt's answer."""
+    from envs.prompts.spec import first_turn_rows, write_rows
+
+    spec, config = _env_spec(args)
+    count = write_rows(first_turn_rows(spec, config.answer_format, args.split, args.n, args.expert_answers),
+                       args.output)
+    print(f"{count} first-turn prompts of {spec.name} {args.split} -> {args.output}")
+    return 0
+
+
 def _reporting_errors(command: Any) -> Any:
     """Bad input (unknown env, split, task or setting; missing data) is one line on stderr, exit 2."""
 
@@ -171,7 +186,7 @@ def _reporting_errors(command: Any) -> Any:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("env", help="list, play or run the expert of an environment")
+    parser = sub.add_parser("env", help="list, play or run the expert of an environment, or export its prompts")
     env_sub = parser.add_subparsers(dest="env_command", metavar="ENV_COMMAND", required=True)
 
     def add_common(p: argparse.ArgumentParser) -> None:
@@ -196,3 +211,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n", type=int, default=None, help="first N tasks of the split (default: all)")
     p.add_argument("--workers", type=int, default=None, help="env worker processes (default: env.num_workers)")
     p.set_defaults(func=_reporting_errors(expert))
+
+    p = env_sub.add_parser("prompts", help="write each task's first-turn prompt as the prompts env's JSONL")
+    add_common(p)
+    p.add_argument("-o", "--output", type=Path, required=True, help="the JSONL file to write")
+    p.add_argument("--n", type=int, default=None, help="first N tasks of the split (default: all)")
+    p.add_argument("--expert-answers", action="store_true",
+                   help="give each prompt the env expert's first action as its answer (won when the student agrees)")
+    p.set_defaults(func=_reporting_errors(prompts))

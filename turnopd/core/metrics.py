@@ -46,6 +46,8 @@ class StepRecord:
     busy: dict[str, float] = field(default_factory=dict)
     generator_phases: dict[str, float] = field(default_factory=dict)  # the generator process's startup, idle,
     # weight_sync seconds this step (empty in sync mode)
+    # the train phase's parts: teacher (its in-process forward), forward_backward, optimizer (seconds)
+    train_parts: dict[str, float] = field(default_factory=dict)
     # mode, weight_version (the trainer's), staleness_max, staleness_mean (versions the trained
     # trajectories lag it), dropped_stale, queued, generator_restarts (turnopd.orchestration.pipeline)
     pipeline: dict[str, Any] = field(default_factory=dict)

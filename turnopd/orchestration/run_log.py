@@ -122,7 +122,8 @@ def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: Dept
     return StepRecord(
         step=step, train_time_s=ledger.train_time(), wall_time_s=ledger.wall_time(),
         step_time_s=ledger.last_step_time_s, phases=phases, busy=ledger.last_busy,
-        generator_phases=ledger.last_generator_phases, pipeline=dataclasses.asdict(pipeline),
+        generator_phases=ledger.last_generator_phases, train_parts=train["train_parts"],
+        pipeline=dataclasses.asdict(pipeline),
         rollout_depth_cap=plan.cap, probed=plan.probe, probes=plan.probes, h_eff=diagnostics.get("h_eff"),
         h_cov=diagnostics.get("h_cov"), h_cov_measured=diagnostics.get("h_cov_measured"), alpha=alpha,
         loss=train["loss"], grad_norm=train.get("grad_norm"), lr=train.get("lr"), mean_kl=train["mean_kl"],

@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ from turnopd.algorithm.objective import (
 )
 from turnopd.config import FamiliarityConfig, LossConfig, ObjectiveConfig, TrainerConfig
 from turnopd.core.checkpoint import load_plain
+from turnopd.core.device import synchronize
 from turnopd.core.distributed import gather_objects
 from turnopd.core.faults import failpoint
 from turnopd.core.types import TokenBatch
@@ -127,6 +129,22 @@ class UpdateResult:
     grad_norm: float
     familiarity_kept_share: float | None
     num_micro_batches: int
+    seconds: dict[str, float]  # teacher, forward_backward, optimizer (the device synchronized at each end)
+
+
+class PartClock:
+    """Seconds per part of an update, each lap ending when the device has finished its kernels."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, part: str) -> None:
+        synchronize(self.device)
+        now = time.perf_counter()
+        self.seconds[part] = now - self._last
+        self._last = now
 
 
 @dataclass
@@ -278,6 +296,7 @@ class Trainer:
         metrics = {**self._metrics(tokens, weights, tally, int(num_action), batch.num_trajectories, len(updates)),
                    "grad_norm": grad_norm, "lr": lr, "num_micro_batches": sum(u.num_micro_batches for u in updates),
                    "optimizer_updates": len(updates), "skipped": not applied,
+                   "train_parts": {part: sum(u.seconds[part] for u in updates) for part in updates[0].seconds},
                    "familiarity_kept_share": sum(kept) / len(kept) if kept else None}
         if self.bad_streak >= self.cfg.max_bad_steps:
             raise TrainingDiverged(
@@ -297,8 +316,10 @@ class Trainer:
         num_traj, num_action, num_rows, num_micro = self._global_counts(
             int(part.traj_ids.unique().numel()), part.count,
             int(turn_row_index(part.traj_ids, part.turn_ids).unique().numel()), len(plan.micro_batches))
+        clock = PartClock(self.device)
         teacher_hidden = ([self._teacher_pass(mb, tokens) for mb in plan.micro_batches] if self.teacher is not None
                           else [])
+        clock.lap("teacher")
         part = tokens.select(plan.index)  # with the familiarity signals the teacher's forward just wrote
         own = (token_weights(part.traj_ids, part.turn_ids, self.loss_cfg.mode, alpha, self.loss_cfg.constant_k,
                              num_trajectories=num_traj, num_tokens=num_action, num_turn_rows=num_rows)
@@ -333,9 +354,11 @@ class Trainer:
             tally.loss += float(loss.detach())
             tally.padding += mb.num_padding
             tally.tokens += mb.num_tokens
+        clock.lap("forward_backward")
         failpoint("trainer.optimizer_step")
         applied, grad_norm = self._optimizer_step()
-        return UpdateResult(applied, grad_norm, kept_share, num_micro)
+        clock.lap("optimizer")
+        return UpdateResult(applied, grad_norm, kept_share, num_micro, clock.seconds)
 
     def _plan_updates(self, batch: TokenBatch, tokens: ActionTokens) -> list[UpdatePlan]:
         """The step's updates: one on every action token of this rank, or with turn_rows_per_update K
@@ -385,10 +408,12 @@ class Trainer:
     @torch.no_grad()
     def _teacher_pass(self, mb: MicroBatch, tokens: ActionTokens) -> torch.Tensor:
         """The in-process teacher's forward on a micro-batch: its hidden states at the positions that
-        predict action tokens (the full estimator's input), and the turns' familiarity signals
-        written into `tokens.signals` (the same forward: no second pass)."""
+        predict action tokens (the full estimator's input), and (familiarity.signals) the turns'
+        familiarity signals written into `tokens.signals` (the same forward: no second pass)."""
         ids, scored = mb.input_ids.to(self.device), mb.scored.to(self.device)
         hidden = self.teacher.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state
+        if not self.familiarity.signals:
+            return select_predicting(hidden, ids, scored)[0]
         for name, values in turn_signals(hidden, self.teacher.get_output_embeddings().weight, ids, scored,
                                          self.objective.chunk_size).items():
             tokens.signals.setdefault(name, torch.full((tokens.count,), float("nan"), dtype=torch.float64))[
