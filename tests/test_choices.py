@@ -33,7 +33,7 @@ eval: {{max_tasks: 1, at_start: false}}
 # exercised by the env and model tests)
 CHOICE_KEYS = {"estimator": "objective.estimator", "loss mode": "loss.mode", "alpha schedule": "loss.alpha_schedule",
                "depth mode": "depth.mode", "pipeline mode": "pipeline.mode", "policy backend": "policy.backend",
-               "teacher backend": "teachers.<env> spec backend"}
+               "teacher backend": "teachers.<env> spec backend", "advantage": "objective.advantage"}
 
 # Runs: (id, overrides, what the run covers {kind: name}). Each row is 2 steps; together they cover
 # every name that runs here. alpha schedules act through the progressive loss.
@@ -67,6 +67,8 @@ RUNS = [
      {"loss mode": "turn_row_mean", "estimator": "k1_decoupled"}),
     ("pool-k1_proximal", ["pipeline.mode=pool", "pipeline.max_staleness=2", "objective.estimator=k1_proximal"],
      {"estimator": "k1_proximal"}),
+    # the outcome-reward term beside the KL: groups of 2 episodes of one task, their GRPO advantage
+    ("grpo-reward", ["objective.reward_weight=0.5", "trainer.group_size=2"], {"advantage": "grpo"}),
     # not a registry: continuous probes, half of each step's episodes, the H_eff-only coverage fallback
     ("continuous-probes", ["depth.probe_fraction=0.5", "depth.coverage_fallback=h_eff"], {}),
 ]

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from turnopd.algorithm.objective import (
+    ADVANTAGES,
     deep_turn_share,
     divergence,
     full_vocab_loss,
@@ -19,6 +20,7 @@ from turnopd.algorithm.objective import (
     k3_loss,
     nll_loss,
     per_trajectory_turn_means,
+    policy_gradient_loss,
     token_weights,
     topk_loss,
     turn_kl_profile,
@@ -311,3 +313,52 @@ def test_per_trajectory_turn_means_and_profile():
     # profile: turn 0 mean(2, 4) = 3, turn 1 mean(0.5, 2) = 1.25; a shorter trajectory only counts where alive
     assert turn_kl_profile(per) == [3.0, 1.25]
     assert turn_kl_profile([[1.0, 2.0, 3.0], [3.0]]) == [2.0, 2.0, 3.0]
+
+
+# ----------------------------------------------------------------- the outcome-reward term
+
+
+def test_grpo_advantage_by_hand():
+    # group 0: rewards 1, 0, 1: mean 2/3, population std sqrt((1/9 + 4/9 + 1/9) / 3) = sqrt(2/9)
+    # group 1: 1, 0: mean 1/2, std 1/2 -> +-1/2 / (1/2 + 1e-4)
+    # group 2: one episode: nothing to compare with -> 0; group 3: 1, 1 -> 0 / (0 + eps) = 0
+    grpo = ADVANTAGES.get("grpo")
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.5, 1.0, 1.0])
+    groups = torch.tensor([0, 0, 0, 1, 1, 2, 3, 3])
+    std = math.sqrt(2 / 9)
+    got = grpo(rewards, groups, torch.ones(8, dtype=torch.bool))
+    half = 0.5 / (0.5 + 1e-4)
+    assert got.tolist() == pytest.approx([(1 / 3) / (std + 1e-4), (-2 / 3) / (std + 1e-4), (1 / 3) / (std + 1e-4),
+                                          half, -half, 0.0, 0.0, 0.0])
+    # an ungraded episode (an env error) is left out of its group's statistics and gets 0:
+    # group 0 becomes 1, 0 (episodes 0 and 1)
+    graded = torch.tensor([True, True, False, True, True, True, True, True])
+    assert grpo(rewards, groups, graded).tolist()[:3] == pytest.approx([half, -half, 0.0])
+
+
+def test_policy_gradient_loss_by_hand():
+    s = torch.tensor([-1.0, -2.0], requires_grad=True)
+    old = torch.tensor([-1.0, -2.0])
+    adv = torch.tensor([2.0, -1.0], dtype=torch.float64)
+    loss = policy_gradient_loss(s, old, adv)
+    assert loss.tolist() == pytest.approx([-2.0, 1.0])  # -ratio * A at ratio 1
+    loss.sum().backward()
+    assert s.grad.tolist() == pytest.approx([-2.0, 1.0])  # -A grad s: REINFORCE
+    # ratio e^0.5 = 1.6487 with A = 1 and clip 0.2: max(-1.6487, -1.2) = -1.2
+    clipped = policy_gradient_loss(torch.tensor([0.5]), torch.tensor([0.0]), torch.tensor([1.0]), clip_eps=0.2)
+    assert clipped.tolist() == pytest.approx([-1.2])
+    # dual clip 3 on A = -1, ratio e^2 = 7.389: min(7.389, 3) = 3
+    dual = policy_gradient_loss(torch.tensor([2.0]), torch.tensor([0.0]), torch.tensor([-1.0]), clip_eps=0.2,
+                                dual_clip=3.0)
+    assert dual.tolist() == pytest.approx([3.0])
+
+
+def test_the_reward_term_takes_the_loss_modes_weights_1_over_k_or_1_over_tau():
+    # the module's batch: trajectory 0 has 4 tokens, trajectory 1 has 2; advantages 1 and -1 at ratio 1
+    # trajectory: w = 1/(2 * n_i): sum w g = 4 * (1/8) * (-1) + 2 * (1/4) * 1 = -1/2 + 1/2 = 0
+    # constant_token_mean, k = 10: w = 1/(10 * 6): 4 * (-1) / 60 + 2 * 1 / 60 = -1/30
+    traj = torch.tensor([0, 0, 0, 0, 1, 1])
+    turn = torch.tensor([0, 0, 0, 1, 0, 1])
+    g = policy_gradient_loss(torch.zeros(6), torch.zeros(6), torch.tensor([1.0, 1, 1, 1, -1, -1]))
+    assert float((token_weights(traj, turn, "trajectory") * g).sum()) == pytest.approx(0.0)
+    assert float((token_weights(traj, turn, "constant_token_mean", constant_k=10) * g).sum()) == pytest.approx(-1 / 30)

@@ -1,6 +1,7 @@
 """World models on real ALFWorld games (slow): `turnopd world-model train` writes a Hugging Face model
 and its fidelity table; distillation with `world_model.path` plays most episodes in it, and with
-real_fraction 1 it reproduces the plain run's losses."""
+real_fraction 1 it reproduces the plain run's losses; WMRL's corrections (world_model.debias isotonic,
+world_model.denoise anchor_weight) and the outcome-reward term each run 2 real steps with it."""
 
 from __future__ import annotations
 
@@ -161,3 +162,27 @@ def test_distillation_plays_most_episodes_in_the_world_model_and_real_fraction_1
         judged = r["episodes"] - r["world_model_episodes"] - r["env_failures"] - r["world_model_no_verdict"]
         assert judged <= r["world_model_verdict_steps"] <= 3 * (judged + r["world_model_no_verdict"])
     assert any(r["world_model_bias"] is not None for r in twin)
+
+
+@pytest.mark.parametrize("name, overrides", [
+    ("isotonic", ["world_model.debias=isotonic"]),
+    ("anchor_weight", ["world_model.denoise=anchor_weight", "trainer.group_size=2"]),
+    ("reward", ["objective.reward_weight=0.5", "trainer.group_size=2", "world_model.real_fraction=0.5"]),
+])
+def test_wmrl_corrections_and_the_reward_term_run_two_steps_with_world_model_rollouts(world, name, overrides):
+    root, wm = world
+    _run("distill", str(root / "recipe.yaml"), f"name={name}", f"world_model.path={wm}",
+         "world_model.temperature=0.3", *overrides)
+    train = _train(root / "runs" / name)
+    assert [r["step"] for r in train] == [1, 2]
+    assert all(math.isfinite(r["loss"]) and not r["skipped"] for r in train)
+    if name == "isotonic":  # fewer than 200 pairs: the map is still the identity, and said so
+        assert all(r["world_model_calibrated"] is False and r["world_model_bias_before"] is None for r in train)
+    else:
+        assert all(r.get("world_model_calibrated") is None for r in train)
+    if name == "anchor_weight":  # 4 episodes a step: 2 groups, round(0.2) -> at least 1 anchor group a step
+        assert all(r["world_model_anchor_groups"] >= 1 and r["world_model_anchor_weight"] == 1.0 for r in train)
+        # a step's groups play one source each: its model episodes are a multiple of the group size
+        assert all(r["world_model_episodes"] % 2 == 0 for r in train)
+    else:
+        assert all(r.get("world_model_anchor_weight") is None for r in train)

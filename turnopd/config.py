@@ -51,10 +51,10 @@ def algorithm_registries() -> dict[str, Registry]:
     this module: env workers unpickle an EnvConfig, and should not load torch for it."""
     from turnopd.algorithm.budget import ALPHA_SCHEDULES, DEPTH_MODES
     from turnopd.algorithm.familiarity import FAMILIARITY_MODES, FAMILIARITY_SIGNALS
-    from turnopd.algorithm.objective import ESTIMATORS, TOKEN_WEIGHT_MODES
+    from turnopd.algorithm.objective import ADVANTAGES, ESTIMATORS, TOKEN_WEIGHT_MODES
 
     return {r.kind: r for r in (ESTIMATORS, TOKEN_WEIGHT_MODES, ALPHA_SCHEDULES, DEPTH_MODES, FAMILIARITY_MODES,
-                                FAMILIARITY_SIGNALS)}
+                                FAMILIARITY_SIGNALS, ADVANTAGES)}
 
 
 @dataclass
@@ -155,6 +155,11 @@ class ObjectiveConfig:
     # behav_imp_weight_cap; they still count in the loss mode's denominators); None: none dropped
     behave_weight_cap: float | None = field(default=None, metadata=_range(0.0))
     chunk_size: int = field(default=256, metadata=_range(1))
+    # the outcome-reward term beside the KL: loss = sum w (l_KL + reward_weight * g), g the policy
+    # gradient of the episode's group-normalised reward `advantage` (groups: trainer.group_size episodes
+    # of one task), under the loss mode's weights; 0: pure OPD (no reward term computed)
+    reward_weight: float = field(default=0.0, metadata=_range(0.0))
+    advantage: str = field(default="grpo", metadata=_registered("advantage"))
 
 
 @dataclass
@@ -223,6 +228,9 @@ class BudgetConfig:
 class TrainerConfig:
     steps: int = field(default=100, metadata=_range(1))  # optimizer steps K
     episodes_per_step: int = field(default=16, metadata=_range(1))
+    # episodes of one task in a step's batch (a pool wave's): GRPO's group, what objective.reward_weight's
+    # advantage and world_model.denoise=anchor_weight compare within; 1: every episode a task of its own
+    group_size: int = field(default=1, metadata=_range(1))
     lr: float = field(default=1e-6, metadata=_range(0.0))
     lr_schedule: str = field(default="constant", metadata=_choices("constant", "cosine", "linear"))
     lr_warmup_steps: int = field(default=0, metadata=_range(0))
@@ -292,7 +300,14 @@ class WorldModelRolloutConfig:
     loop included (one model episode, not trained on, per real one).
     Each model step samples `samples` answers at `temperature` and plays the first; with samples >= 2
     their disagreement sets each trajectory's loss weight (Inverse-Variance Denoising,
-    `variance_floor` its eps)."""
+    `variance_floor` its eps).
+    `debias` and `denoise` choose each correction's form (turnopd.algorithm.world_model_corrections):
+    ppi (the prediction-powered mean of the logged success) or isotonic (WMRL's monotone map through
+    which every model score goes, the reward term's included); trajectory_variance (the above) or
+    anchor_weight (WMRL's up-weight of the groups the real env graded). With isotonic or anchor_weight
+    the real episodes are WMRL's anchor groups (`anchor_fraction` of a step's trainer.group_size
+    groups, at least `anchor_min_groups`, at most `anchor_max_concurrent`), not a per-episode
+    `real_fraction` draw."""
 
     path: str | None = None
     real_fraction: float = field(default=0.25, metadata=_range(0.0, 1.0))
@@ -300,6 +315,16 @@ class WorldModelRolloutConfig:
     samples: int = field(default=1, metadata=_range(1))
     temperature: float = field(default=1.0, metadata=_range(0.0))
     variance_floor: float = field(default=0.1, metadata=_range(1e-6))
+    debias: str = field(default="ppi", metadata=_choices("ppi", "isotonic"))
+    denoise: str = field(default="trajectory_variance", metadata=_choices("trajectory_variance", "anchor_weight"))
+    anchor_fraction: float = field(default=0.10, metadata=_range(0.0, 1.0))  # WMRL's AnchorScheduler(fraction=0.10)
+    anchor_min_groups: int = field(default=1, metadata=_range(0))  # its min_per_step=1
+    anchor_max_concurrent: int | None = field(default=None, metadata=_range(0))  # its max_concurrent (None: no cap)
+
+    @property
+    def anchors(self) -> bool:
+        """Whether the real episodes are WMRL's anchor groups (a WMRL correction needs them)."""
+        return self.debias == "isotonic" or self.denoise == "anchor_weight"
 
 
 @dataclass
@@ -417,10 +442,25 @@ def check_consistency(cfg: RunConfig) -> None:
         raise RecipeError(f"recipe key 'world_model.path' with pipeline.mode={cfg.pipeline.mode}: world-model "
                           "rollouts play in the training process (pipeline.mode: sync); the generator process "
                           "of the asynchronous modes does not load the world model")
-    if wm.path is not None and wm.real_fraction == 0:
+    if wm.path is not None and wm.anchors and wm.anchor_fraction == 0 and wm.anchor_min_groups == 0:
+        raise RecipeError("recipe key 'world_model.anchor_fraction': 0 with anchor_min_groups=0 leaves no anchor "
+                          f"group (real env) to fit debias={wm.debias} / denoise={wm.denoise} on; use a share above 0")
+    if wm.path is not None and not wm.anchors and wm.real_fraction == 0:
         raise RecipeError("recipe key 'world_model.real_fraction': 0 leaves no real training episode to measure "
                           "the world model's bias on (Online Debiasing); use a share above 0, or world_model.path: "
                           "null for real rollouts only")
+    group = cfg.trainer.group_size
+    if cfg.trainer.episodes_per_step % group:
+        raise RecipeError(f"recipe key 'trainer.group_size': {group} does not divide trainer.episodes_per_step="
+                          f"{cfg.trainer.episodes_per_step}: a step's batch is whole groups of one task each")
+    if wm.path is not None and wm.denoise == "anchor_weight" and group < 2:
+        raise RecipeError("recipe key 'world_model.denoise': 'anchor_weight' measures the world model's "
+                          "disagreement within a group of one task, and trainer.group_size=1 makes every group "
+                          "one episode; set trainer.group_size >= 2")
+    if cfg.objective.reward_weight > 0 and group < 2:
+        raise RecipeError(f"recipe key 'objective.reward_weight': {cfg.objective.reward_weight} with "
+                          "trainer.group_size=1: a group-normalised advantage of a lone episode is 0; set "
+                          "trainer.group_size >= 2")
     if cfg.loss.mode in ("constant", "constant_token_mean") and (cfg.loss.constant_k is None or cfg.loss.constant_k <= 0):
         raise RecipeError(f"recipe key 'loss.constant_k': {cfg.loss.constant_k!r}; loss.mode={cfg.loss.mode} needs "
                           "constant_k > 0 (in turns)")
@@ -450,6 +490,10 @@ def check_consistency(cfg: RunConfig) -> None:
     if o.behave_weight_cap is not None and not est.has_behaviour_weight:
         raise RecipeError(f"recipe key 'objective.behave_weight_cap': {o.behave_weight_cap}; it caps the behaviour "
                           f"weight pi_prox / pi_behave of k1_decoupled, and {o.estimator} has none")
+    if o.reward_weight > 0 and est.needs_teacher_model:
+        raise RecipeError(f"recipe key 'objective.reward_weight': {o.reward_weight} with estimator {o.estimator}, "
+                          "which reads hidden states, not the sampled token's log-prob the reward term needs; use "
+                          "k1, k1_proximal, k1_decoupled, k3 or topk")
     if o.clip_eps is not None and not est.needs_sampling_logprobs:
         raise RecipeError(f"recipe key 'objective.clip_eps': {o.clip_eps}; it clips the importance ratio of an "
                           f"estimator that has one ({with_ratio}), and {o.estimator} has none")

@@ -2,6 +2,7 @@
 from a full forward of a copy of the model (tests/trainer/helpers.py)."""
 
 import copy
+import dataclasses
 import math
 import time
 
@@ -14,6 +15,7 @@ from tests.trainer.helpers import (
     random_trajectories,
     reference_loss,
     reference_token_logprobs,
+    reference_weights,
     tiny_llama,
 )
 from turnopd.algorithm.objective import token_weights
@@ -54,6 +56,34 @@ def test_loss_equals_weighted_sum_from_a_full_forward(estimator, mode, tied):
     assert metrics["num_micro_batches"] > 1
     assert metrics["loss"] == pytest.approx(expected.item(), rel=1e-5)
     assert not metrics["skipped"]
+
+
+def test_the_reward_term_adds_its_weighted_policy_gradient_and_weight_0_changes_nothing():
+    mode = "progressive"
+    advantages = [1.5, -0.5, 0.0, 2.0, -1.0, -2.0]
+    trajs = [dataclasses.replace(t, advantage=a) for t, a in zip(TRAJS, advantages, strict=True)]
+    trainer_cfg, objective, loss_cfg = configs("k1", mode, micro_batch_tokens=40)
+    # l_p + 0.5 g_p, g_p = -exp(s - s_old) A_i (its value; its gradient -A grad s at ratio 1)
+    rewarded = Trainer(tiny_llama(0), trainer_cfg, dataclasses.replace(objective, reward_weight=0.5), loss_cfg,
+                       total_steps=2)
+    model = tiny_llama(0)
+    rows = reference_token_logprobs(model, trajs)
+    tokens = [(turn, j, a) for traj, a in zip(trajs, advantages, strict=True) for turn in traj.turns
+              for j in range(len(turn.action_ids))]
+    weights = reference_weights(trajs, mode, 0.3)
+    pg = sum(w * -math.exp(float(rows[p][turn.action_ids[j]].detach()) - turn.student_logprobs[j]) * a
+             for p, ((turn, j, a), w) in enumerate(zip(tokens, weights, strict=True)))
+    expected = reference_loss(model, trajs, "k1", mode, alpha=0.3).item() + 0.5 * pg
+    assert rewarded.step(build_token_batch(trajs), alpha=0.3)["loss"] == pytest.approx(expected, rel=1e-5)
+    # reward_weight 0: the batch's advantages are never read, the step is the pure-OPD one bit for bit
+    runs = []
+    for batch in (build_token_batch(TRAJS), build_token_batch(trajs)):
+        trainer = Trainer(tiny_llama(0), trainer_cfg, objective, loss_cfg, total_steps=2)
+        runs.append((trainer.step(batch, alpha=0.3), params(trainer.module)))
+    assert runs[0][0]["loss"] == runs[1][0]["loss"] and runs[0][0]["grad_norm"] == runs[1][0]["grad_norm"]
+    assert max_diff(runs[0][1], runs[1][1]) == 0.0
+    with pytest.raises(ValueError, match="needs each trajectory's advantage"):
+        rewarded.step(build_token_batch(TRAJS), alpha=0.3)
 
 
 def plain_adamw_steps(model, alphas, lr, grad_clip, weight_decay, lr_factors):

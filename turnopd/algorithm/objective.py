@@ -2,11 +2,12 @@
 
 Pure functions over tensors: no I/O, no framework objects. The training loss is
 
-    loss = sum_p w_p * l_p      over student action tokens p,
+    loss = sum_p w_p * (l_p + lambda * g_p)      over student action tokens p,
 
-where l_p comes from an ESTIMATOR (k1, k1_proximal, k1_decoupled, k3, topk, full) and w_p from a
+where l_p comes from an ESTIMATOR (k1, k1_proximal, k1_decoupled, k3, topk, full), w_p from a
 TOKEN-WEIGHT mode (token_mean, trajectory, turn, turn_row_mean, constant, constant_token_mean,
-progressive). Notation: trajectory i has T_i turns (those with at least one student token), n_i
+progressive), and g_p is the outcome-reward term (`policy_gradient_loss` on an ADVANTAGE of the
+episode's reward, `grpo`) at lambda = objective.reward_weight (0: pure OPD, no g_p computed). Notation: trajectory i has T_i turns (those with at least one student token), n_i
 student tokens, n_it tokens in turn t; N_traj trajectories, N_rows turn rows (the (trajectory, turn)
 pairs with student tokens: what TCOD trains as one row each) and N_tokens student tokens in the
 (global) batch; s = student log-prob, T = teacher log-prob of the sampled token. Every weight mode
@@ -209,7 +210,8 @@ class TokenInputs:
     at sampling time s_old (the behaviour policy's), its log-prob s_prox under the weights the trainer's
     step started from (the proximal policy's, no grad), the teacher's T; the student's and the
     teacher's log-probs of the teacher's top-k ids, and those ids; the student's hidden states and
-    output head, and the teacher's, when the teacher runs in the training process."""
+    output head, and the teacher's, when the teacher runs in the training process; the reward term's
+    advantage A of each token's episode (objective.reward_weight > 0)."""
 
     student: torch.Tensor | None = None
     sampling: torch.Tensor | None = None
@@ -222,6 +224,7 @@ class TokenInputs:
     student_head: torch.Tensor | None = None
     teacher_hidden: torch.Tensor | None = None
     teacher_head: torch.Tensor | None = None
+    advantage: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -430,6 +433,49 @@ def gather_logprobs(hidden: torch.Tensor, head: torch.Tensor, ids: torch.Tensor,
             out.append(_chunk_gather(hidden[rows], head, ids2[rows]))
     result = torch.cat(out) if out else hidden.new_zeros(0, ids2.shape[-1])
     return result.squeeze(-1) if squeeze else result
+
+
+# --------------------------------------------------------------------------------------------
+# The outcome-reward term (objective.reward_weight > 0): loss = sum_p w_p (l_p + lambda * g_p)
+# --------------------------------------------------------------------------------------------
+
+AdvantageFn = Callable[..., torch.Tensor]
+ADVANTAGES: Registry[AdvantageFn] = Registry("advantage")
+GRPO_EPS = 1e-4  # WMRL's group_advantages(eps=1e-4) (xiyuanyang45/WMRL, wmrl/advantage.py)
+
+
+@ADVANTAGES.register("grpo")
+def grpo_outcome_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, graded: torch.Tensor,
+                           eps: float = GRPO_EPS) -> torch.Tensor:
+    """GRPO's group-normalised outcome advantage (verl's core_algos `compute_grpo_outcome_advantage`,
+    WMRL's `group_advantages`), per episode, all [B]: over the graded episodes G_g of each group g
+    (the episodes of one task in the step's batch),
+
+        A_i = (r_i - mean_{G_g} r) / (std_{G_g} r + eps)       (std: population, WMRL's np.std)
+
+    A_i = 0 for an episode not graded (an env error: no outcome, which is not a failure) and for every
+    episode of a group with fewer than 2 graded ones (nothing to compare with). rewards float [B],
+    group_ids long [B], graded bool [B]."""
+    advantages = torch.zeros_like(rewards, dtype=torch.float64)
+    for g in torch.unique(group_ids).tolist():
+        members = (group_ids == g) & graded
+        if int(members.sum()) < 2:
+            continue
+        r = rewards[members].double()
+        advantages[members] = (r - r.mean()) / (r.std(unbiased=False) + eps)
+    return advantages
+
+
+def policy_gradient_loss(student_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                         clip_eps: float | None = None, dual_clip: float | None = None) -> torch.Tensor:
+    """The reward term's per-token loss g_p, all [n]: each token carries its episode's advantage A,
+    ratio = exp(s - s_old) = pi_theta / pi_behave (s_old the sampling log-prob), and
+    g = `ppo_surrogate`(ratio, A, clip_eps, dual_clip) = -ratio * A unclipped; its gradient at
+    ratio = 1 is -A * grad s (REINFORCE with the group baseline). Weighted by the loss mode's w_p like
+    the KL's, so `trajectory` takes 1/|tau| per episode and `constant` / `constant_token_mean`
+    AsyncWebRL's 1/k."""
+    ratio = torch.exp(student_logprobs - old_logprobs.detach())
+    return ppo_surrogate(ratio, advantages.detach().to(ratio), clip_eps, dual_clip)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,25 +1,37 @@
-"""World-model rollouts' two corrections (WMRL), as pure functions over numbers (no I/O).
+"""World-model rollouts' two corrections (WMRL), as pure functions and small state over numbers (no I/O).
 
 When most of a step's episodes play a learned world model instead of the real env, two things must
-stay honest:
+stay honest, each in two forms (world_model.debias, world_model.denoise):
 
-1. Online Debiasing: a success rate measured on model episodes carries the model's bias. A small
-   share of episodes plays the real env; on those the model also predicts the outcome, so the bias
-   is measured there and subtracted (the prediction-powered mean of Angelopoulos et al., 2023).
-2. Inverse-Variance Denoising: a trajectory whose states the model is unsure of is a noisier
-   training signal; its token weight is scaled by the inverse of the model's estimated variance
-   (from several sampled next observations per turn), normalised to mean 1 so the loss scale holds.
+1. Online Debiasing: a score measured on model episodes carries the model's bias. A share of
+   episodes plays the real env; on those the model also gives its verdict, so the bias is measured
+   there. `ppi`: subtracted from the model episodes' mean success (the prediction-powered mean of
+   Angelopoulos et al., 2023; `debiased_mean`). `isotonic`: WMRL's map (xiyuanyang45/WMRL,
+   wmrl/debias.py): a monotone, non-affine map from the model's score to the real one, fitted by
+   bucketed isotonic regression on the (verdict, real outcome) pairs, through which every model
+   score goes (`fit_calibration`, `OnlineDebiaser`). A GRPO advantage standardises rewards within a
+   group, which cancels any affine correction; a piecewise-linear monotone one survives it.
+2. Inverse-Variance Denoising: `trajectory_variance`: a trajectory whose states the model is unsure
+   of is a noisier training signal; its token weight is scaled by the inverse of the model's
+   estimated variance (from several sampled next observations per turn), normalised to mean 1 so the
+   loss scale holds. `anchor_weight`: WMRL's (wmrl/denoise.py): the groups graded by the real env
+   (anchor groups) are up-weighted by w = clip(1 + c s^2, 1, 4), s^2 the measured disagreement
+   between calibrated model scores and real ones (`group_disagreement`, `InverseVarianceWeighter`).
 
-And the fidelity measures of a world model against the real env (`token_f1`,
-`expected_calibration_error`).
+Which groups are anchors is `anchor_groups` (WMRL's wmrl/anchor.py). And the fidelity measures of a
+world model against the real env (`token_f1`, `expected_calibration_error`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections import Counter, deque
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from turnopd.core.text import bag_of_words_f1
 
@@ -119,6 +131,221 @@ def inverse_variance_weights(variances: Sequence[float], variance_floor: float) 
     precisions = [1.0 / (v + variance_floor) for v in variances]
     mean_precision = _mean(precisions)
     return [p / mean_precision for p in precisions]
+
+
+# --------------------------------------------------------------------------------------------
+# WMRL's corrections (xiyuanyang45/WMRL, wmrl/debias.py, denoise.py, anchor.py), over anchor groups
+# --------------------------------------------------------------------------------------------
+
+# WMRL's defaults (the constants of its classes' signatures)
+CALIBRATION_BINS = 10  # OnlineDebiaser(bins=10)
+CALIBRATION_MIN_PAIRS = 200  # OnlineDebiaser(min_pairs=200): identity until then
+CALIBRATION_REFIT_EVERY = 64  # OnlineDebiaser(refit_every=64)
+CALIBRATION_MAX_PAIRS = 5000  # OnlineDebiaser(cap=5000): the FIFO of pairs
+ANCHOR_HALF_LIFE = 64.0  # InverseVarianceWeighter(half_life=64), in anchor groups
+ANCHOR_WARMUP = 32  # InverseVarianceWeighter(warmup=32): c is fixed after this many groups
+ANCHOR_MAX_WEIGHT = 4.0  # InverseVarianceWeighter(w_max=4.0)
+ANCHOR_TARGET_WEIGHT = 2.0  # InverseVarianceWeighter(target_weight=2.0): w when c is fixed
+DEGENERATE_VARIANCE = 1e-9  # group_disagreement: a group whose real scores all agree says nothing
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A fitted monotone map: breakpoints xs (increasing) and values ys (non-decreasing), linear in
+    between and flat beyond the ends (np.interp)."""
+
+    xs: tuple[float, ...]
+    ys: tuple[float, ...]
+
+
+def fit_calibration(pairs: Iterable[tuple[float, float]], bins: int = CALIBRATION_BINS) -> Calibration | None:
+    """Bucketed isotonic regression of the real score y on the model's score x (WMRL's
+    `fit_calibration`, wmrl/debias.py):
+
+        bin b = the x in [b/B, (b+1)/B) (np.digitize on the inner edges: x < 1/B is bin 0, x >= (B-1)/B
+                the last, 1 included),
+        per populated bin: x_b = mean x, y_b = mean y, n_b = its pairs,
+        pool adjacent violators: while a bin's y_b is below its left neighbour's, both become one
+                block of value (y_1 n_1 + y_2 n_2) / (n_1 + n_2),
+        the map: through (x_b, y of b's block), linear in between, flat beyond.
+
+    None (stay at identity) with fewer than 2 pairs or fewer than 2 populated bins."""
+    points = np.asarray(list(pairs), dtype=float)
+    if points.ndim != 2 or points.shape[0] < 2:
+        return None
+    x, y = points[:, 0], points[:, 1]
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    index = np.clip(np.digitize(x, edges[1:-1]), 0, bins - 1)
+    populated = [b for b in range(bins) if (index == b).any()]
+    if len(populated) < 2:
+        return None
+    blocks: list[list[float]] = []  # [value, pairs, bins] per pooled block, left to right
+    for b in populated:
+        blocks.append([float(y[index == b].mean()), float((index == b).sum()), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (v2, w2, c2), (v1, w1, c1) = blocks.pop(), blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+    return Calibration(xs=tuple(float(x[index == b].mean()) for b in populated),
+                       ys=tuple(v for v, _, c in blocks for _ in range(c)))
+
+
+def apply_calibration(calibration: Calibration | None, scores: Sequence[float]) -> list[float]:
+    """The scores through the map (None: the identity, what a run does before its first fit)."""
+    if calibration is None:
+        return [float(r) for r in scores]
+    return np.interp(np.asarray(scores, dtype=float), calibration.xs, calibration.ys).tolist()
+
+
+@dataclass(frozen=True)
+class BiasStats:
+    before: float  # mean ((x - mean x) - (y - mean y))^2: the raw scores' centred squared residual
+    after: float  # the same with f(x) for x
+    reduction: float  # 1 - after / max(before, 1e-9)
+
+
+def bias_stats(model_scores: Sequence[float], real_scores: Sequence[float],
+               calibration: Calibration | None) -> BiasStats:
+    """The centred squared residual of model scores x against real scores y, before and after the
+    map f (WMRL's `bias_stats`):
+
+        before = mean_i ((x_i - mean x) - (y_i - mean y))^2,   after = the same with f(x_i),
+
+    centred because a group-normalised advantage sees only differences within a group, so a constant
+    offset is no bias to it."""
+    x, y = np.asarray(model_scores, dtype=float), np.asarray(real_scores, dtype=float)
+    fx = np.asarray(apply_calibration(calibration, x.tolist()))
+    before = float((((x - x.mean()) - (y - y.mean())) ** 2).mean())
+    after = float((((fx - fx.mean()) - (y - y.mean())) ** 2).mean())
+    return BiasStats(before, after, 1.0 - after / max(1e-9, before))
+
+
+class OnlineDebiaser:
+    """WMRL's `OnlineDebiaser` (wmrl/debias.py): a FIFO of at most `max_pairs` (model score, real
+    score) pairs and the map fitted on them. The identity until `min_pairs` pairs have come; from
+    then, a refit once `refit_every` pairs have come since the last fit (the first at pair
+    `min_pairs`); a fit that finds fewer than 2 populated bins keeps the old map and the count, so the
+    next pair tries again. `stats`: the BiasStats of the last fit over the FIFO."""
+
+    def __init__(self, min_pairs: int = CALIBRATION_MIN_PAIRS, refit_every: int = CALIBRATION_REFIT_EVERY,
+                 bins: int = CALIBRATION_BINS, max_pairs: int = CALIBRATION_MAX_PAIRS):
+        self.min_pairs, self.refit_every, self.bins = min_pairs, refit_every, bins
+        self.pairs: deque[tuple[float, float]] = deque(maxlen=max_pairs)
+        self.since_fit = 0
+        self.calibration: Calibration | None = None
+        self.fits = 0
+        self.stats: BiasStats | None = None
+
+    def push(self, model_score: float, real_score: float) -> None:
+        self.pairs.append((float(model_score), float(real_score)))
+        self.since_fit += 1
+        if len(self.pairs) >= self.min_pairs and self.since_fit >= self.refit_every:
+            self.refit()
+
+    def refit(self) -> bool:
+        """Fit now; whether the map changed."""
+        calibration = fit_calibration(self.pairs, self.bins)
+        if calibration is None:
+            return False
+        self.calibration, self.since_fit, self.fits = calibration, 0, self.fits + 1
+        model, real = zip(*self.pairs, strict=True)
+        self.stats = bias_stats(model, real, calibration)
+        return True
+
+    def apply(self, scores: Sequence[float]) -> list[float]:
+        return apply_calibration(self.calibration, scores)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to go on as an uninterrupted one (JSON-able)."""
+        return {"pairs": [list(pair) for pair in self.pairs], "since_fit": self.since_fit, "fits": self.fits,
+                "calibration": None if self.calibration is None else [list(self.calibration.xs),
+                                                                       list(self.calibration.ys)],
+                "stats": None if self.stats is None else dataclasses.asdict(self.stats)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pairs.extend((float(x), float(y)) for x, y in state["pairs"])
+        self.since_fit, self.fits = int(state["since_fit"]), int(state["fits"])
+        self.calibration = None if state["calibration"] is None else Calibration(*map(tuple, state["calibration"]))
+        self.stats = None if state["stats"] is None else BiasStats(**state["stats"])
+
+
+def group_disagreement(calibrated: Sequence[float], real: Sequence[float]) -> float | None:
+    """One anchor group's disagreement between the calibrated model scores d and the real ones s
+    (WMRL's `group_disagreement`, wmrl/denoise.py):
+
+        s^2 = mean_i ((d_i - mean d) - (s_i - mean s))^2 / Var(s)     (Var: population variance)
+
+    None for a degenerate group (Var(s) < 1e-9: every real score the same), which carries no ranking
+    and must not pull the running estimate to 0."""
+    d, s = np.asarray(calibrated, dtype=float), np.asarray(real, dtype=float)
+    variance = s.var()
+    if variance < DEGENERATE_VARIANCE:
+        return None
+    return float((((d - d.mean()) - (s - s.mean())) ** 2).mean() / variance)
+
+
+class InverseVarianceWeighter:
+    """WMRL's `InverseVarianceWeighter` (wmrl/denoise.py): the anchor groups' weight
+
+        w = clip(1 + c s^2, 1, max_weight),
+
+    s^2 an exponential average of the groups' disagreements with half-life `half_life` groups
+    (s^2 <- (1 - a) s^2 + a s^2_g, a = 1 - 0.5^(1 / half_life); the first group's sets it), and c fixed
+    once, when `warmup` groups have been folded in and s^2 > 1e-12, at c = (target - 1) / s^2, so that
+    w = target then; w tracks how the disagreement moves after that, not its scale. w = 1 until c is
+    fixed."""
+
+    def __init__(self, half_life: float = ANCHOR_HALF_LIFE, warmup: int = ANCHOR_WARMUP,
+                 max_weight: float = ANCHOR_MAX_WEIGHT, target_weight: float = ANCHOR_TARGET_WEIGHT):
+        self.half_life, self.warmup = half_life, warmup
+        self.max_weight, self.target_weight = max_weight, target_weight
+        self.disagreement: float | None = None
+        self.groups = 0
+        self.c: float | None = None
+
+    def observe_group(self, calibrated: Sequence[float], real: Sequence[float]) -> float:
+        """Fold one anchor group in (a degenerate one is skipped), fix c when due; the weight after."""
+        s2 = group_disagreement(calibrated, real)
+        if s2 is not None:
+            a = 1.0 - 0.5 ** (1.0 / max(1.0, self.half_life))
+            self.disagreement = s2 if self.disagreement is None else (1 - a) * self.disagreement + a * s2
+            self.groups += 1
+            if self.c is None and self.groups >= self.warmup and self.disagreement > 1e-12:
+                self.c = (self.target_weight - 1.0) / self.disagreement
+        return self.weight()
+
+    def weight(self) -> float:
+        if self.c is None or self.disagreement is None:
+            return 1.0
+        return min(self.max_weight, max(1.0, 1.0 + self.c * self.disagreement))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"disagreement": self.disagreement, "groups": self.groups, "c": self.c}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.disagreement, self.groups, self.c = state["disagreement"], int(state["groups"]), state["c"]
+
+
+def anchor_groups(n_groups: int, rng_key: Sequence[int], fraction: float = 0.10, min_per_step: int = 1,
+                  max_concurrent: int | None = None, in_flight: int = 0) -> list[int]:
+    """Which of a step's n groups are anchors (graded by the real env, and by the model for the
+    pairs), sorted (WMRL's `AnchorScheduler.select`, wmrl/anchor.py):
+
+        k = min(n, max(min_per_step, round(fraction * n)))   (Python's round: half to even)
+        k = min(k, max(0, max_concurrent - in_flight))         with a concurrency cap
+        the k drawn uniformly without replacement by np.random.default_rng(rng_key).
+
+    WMRL draws every step from one generator seeded once; here each step's draw is seeded by its own
+    key (the run's seed and the step), so a resumed run anchors the groups an uninterrupted one did."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+    if n_groups <= 0:
+        return []
+    want = min(n_groups, max(min_per_step, int(round(fraction * n_groups))))
+    if max_concurrent is not None:
+        want = min(want, max(0, max_concurrent - in_flight))
+    rng = np.random.default_rng(list(rng_key))
+    return sorted(rng.choice(n_groups, size=want, replace=False).tolist()) if want else []
+
 
 
 def token_f1(prediction: str, reference: str) -> float:

@@ -91,7 +91,10 @@ class StepRecord:
     # world-model rollouts (world_model.path; None otherwise): the step's model episodes (success_rate
     # counts their model-declared wins), their model steps, the model steps its verdicts on real episodes
     # took (world_model.verdict), real episodes without a usable verdict, the real episodes' success
-    # rate, and Online Debiasing's debiased rate, its standard error and the measured bias
+    # rate, and Online Debiasing's debiased rate, its standard error and the measured bias; with
+    # world_model.debias=isotonic, whether the map is fitted yet and its last refit's centred squared
+    # residual before and after it (the debiased rate: the model episodes' mean calibrated score, no
+    # standard error); with denoise=anchor_weight, the anchor groups' weight and the step's anchor groups
     world_model_episodes: int | None = None
     world_model_steps: int | None = None
     world_model_verdict_steps: int | None = None
@@ -100,6 +103,11 @@ class StepRecord:
     success_rate_debiased: float | None = None
     success_rate_debiased_stderr: float | None = None
     world_model_bias: float | None = None
+    world_model_calibrated: bool | None = None
+    world_model_bias_before: float | None = None
+    world_model_bias_after: float | None = None
+    world_model_anchor_weight: float | None = None
+    world_model_anchor_groups: int | None = None
     kind: str = "train"
 
     def to_json(self) -> dict[str, Any]:

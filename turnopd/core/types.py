@@ -63,6 +63,8 @@ class Trajectory:
     predicted_success: float | None = None
     verdict_steps: int = 0
     world_model_weight: float | None = None
+    # the reward term's advantage of the episode's outcome (objective.reward_weight > 0; None: not computed)
+    advantage: float | None = None
     weight_version: int = 0  # policy weight version that generated it (async pipelines)
 
     @property
@@ -139,6 +141,9 @@ class TokenBatch:
     # [num_trajectories] loss-weight factor per trajectory (Trajectory.world_model_weight, 1 where it
     # has none); None: no trajectory carries one
     trajectory_weights: torch.Tensor | None = None
+    # [num_trajectories] the reward term's advantage per trajectory (Trajectory.advantage, 0 where it has
+    # none); None: no trajectory carries one
+    advantages: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -217,6 +222,8 @@ def build_token_batch(trajectories: list[Trajectory]) -> TokenBatch:
         turn_signals=turn_signals,
         trajectory_weights=torch.tensor([1.0 if t.world_model_weight is None else t.world_model_weight
                                          for t in trajectories], dtype=torch.float64) if weighted else None,
+        advantages=torch.tensor([t.advantage or 0.0 for t in trajectories], dtype=torch.float64)
+        if any(t.advantage is not None for t in trajectories) else None,
     )
 
 

@@ -16,6 +16,7 @@ writes turnopd.orchestration.run_log's; the evaluations turnopd.orchestration.ev
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from functools import partial
 from pathlib import Path
@@ -60,6 +61,7 @@ def train(run: DistillRun, stop: StopSignals) -> dict[str, Any]:
             plan = plan_batch(depth, step, cfg)
             trajectories = rollouts.take(plan)  # the ledger's rollout (or probe) phase, or trainer_idle
             episodes = all_ranks_episodes(trajectories, step, run.run_dir)
+            outcome_fields = run.outcomes.apply(trajectories, episodes)
             if step + 1 < cfg.trainer.steps:  # the asynchronous modes generate it while this step trains
                 rollouts.prepare(plan_batch(depth, step + 1, cfg))
 
@@ -74,6 +76,7 @@ def train(run: DistillRun, stop: StopSignals) -> dict[str, Any]:
             done = step + 1
             record = step_record(done, ledger, ledger.end_step(), depth, plan, updated, alpha, result, episodes,
                                  rollouts.stats(), rollouts.take_replica_stats())
+            record = dataclasses.replace(record, **outcome_fields)
             log.train(record)
             progress.update(record)
             run.spent.add(record)

@@ -24,6 +24,7 @@ from turnopd.core.ledger import Ledger
 from turnopd.core.metrics import WorkSpent, truncate_after_step
 from turnopd.engines.hf_models import load_student
 from turnopd.models import prepare_model
+from turnopd.orchestration.outcomes import Outcomes
 from turnopd.orchestration.preflight import Setup, check_setup, run_dir_for
 from turnopd.orchestration.run_log import RunLog
 from turnopd.orchestration.sft import build_missing_teacher
@@ -54,6 +55,7 @@ class DistillRun:
     teachers: dict[str, Teacher]
     depth: DepthSchedule
     spent: WorkSpent  # the training clock and work so far (trainer.budget counts in them)
+    outcomes: Outcomes  # the outcome rewards' state (WMRL's corrections)
 
     @property
     def budget_reached(self) -> bool:
@@ -92,7 +94,8 @@ def save_checkpoint(run: DistillRun, step: int) -> None:
     """The trainer's state and the loop's (clocks, depth controller) after `step` optimizer steps."""
     ckpt.save_checkpoint(run.run_dir, step, run.trainer, run.tokenizer, {
         "train_time_s": run.ledger.train_time(), "wall_time_s": run.ledger.wall_time(),
-        "depth": run.depth.state_dict(), "spent": dataclasses.asdict(run.spent)}, run.cfg.checkpoint.keep_last)
+        "depth": run.depth.state_dict(), "spent": dataclasses.asdict(run.spent),
+        "outcomes": run.outcomes.state_dict()}, run.cfg.checkpoint.keep_last)
 
 
 def load_models(cfg: RunConfig, setup: Setup) -> tuple[Trainer, Any, Policy, dict[str, Teacher]]:
@@ -110,7 +113,8 @@ def load_models(cfg: RunConfig, setup: Setup) -> tuple[Trainer, Any, Policy, dic
     trainer = Trainer(student, cfg.trainer, cfg.objective, cfg.loss, cfg.trainer.steps,
                       teacher_model=teachers[cfg.env.name].model if in_process else None,
                       familiarity_cfg=cfg.familiarity,
-                      world_model_weights=cfg.world_model.path is not None and cfg.world_model.samples >= 2)
+                      world_model_weights=cfg.world_model.path is not None and (
+                          cfg.world_model.samples >= 2 or cfg.world_model.denoise == "anchor_weight"))
     policy = make_policy(cfg.policy, trainer.module, tokenizer=tokenizer, seed=cfg.seed)
     return trainer, tokenizer, policy, teachers
 
@@ -126,6 +130,7 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> DistillRun:
     seed_everything(cfg.seed)  # after the builds, which draw random numbers of their own
     trainer, tokenizer, policy, teachers = load_models(cfg, setup)
     depth = make_depth_schedule(cfg.depth, horizon=cfg.env.max_turns)
+    outcomes = Outcomes(cfg)
 
     start_step, ledger, spent = 0, Ledger(), WorkSpent()
     state = restore_checkpoint(run_dir, trainer) if resume else None
@@ -133,6 +138,7 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> DistillRun:
         with trainer.gathered_parameters() as student_weights:
             policy.update_weights(student_weights)
         depth.load_state_dict(state["depth"])
+        outcomes.load_state_dict(state.get("outcomes", {}))  # older checkpoints: none kept
         start_step, spent = state["step"], WorkSpent(**state.get("spent", {}))  # older checkpoints: none kept
         ledger = Ledger(train_time_offset=state["train_time_s"], wall_time_offset=state["wall_time_s"])
     if resume and rank_and_world()[0] == 0:
@@ -140,4 +146,5 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> DistillRun:
         if start_step:
             print(f"resuming {run_dir} from step {start_step} ({dropped} records past it dropped)")
     log = RunLog(cfg, run_dir, ledger, start_step, setup)
-    return DistillRun(cfg, setup, run_dir, start_step, ledger, log, trainer, tokenizer, policy, teachers, depth, spent)
+    return DistillRun(cfg, setup, run_dir, start_step, ledger, log, trainer, tokenizer, policy, teachers, depth, spent,
+                      outcomes)

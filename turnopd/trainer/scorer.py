@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from turnopd.algorithm.familiarity import entropy_from_logprobs, mask_spans, span_signals
-from turnopd.algorithm.objective import Estimator, TokenInputs, gather_logprobs
+from turnopd.algorithm.objective import Estimator, TokenInputs, gather_logprobs, policy_gradient_loss
 
 
 def check_causal_lm(model: nn.Module, role: str) -> None:
@@ -88,7 +88,9 @@ class ActionScorer(nn.Module):
         positions), read out through the head in chunks, or the hidden states and head for a
         full-vocabulary estimator. Running it inside the engine's forward is what ZeRO-3 needs.
         `kl`: the per-token KL the metrics report, the full-vocabulary divergence itself, else the
-        sampled-token estimate s - T.
+        sampled-token estimate s - T. With an `inputs.advantage`, `loss` is l_p + reward_weight * g_p,
+        g_p the reward term's `policy_gradient_loss` (its ratio against the sampling log-prob, under
+        objective.clip_eps and dual_clip).
         """
         hidden = self.model.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state
         hidden, token_ids = select_predicting(hidden, input_ids, scored)
@@ -105,4 +107,8 @@ class ActionScorer(nn.Module):
             # none given: the step is one update, so this forward runs the weights the step started
             # from, the proximal policy's (no second pass)
             inputs = dataclasses.replace(inputs, proximal=logprobs[:, 0].detach())
-        return {"loss": estimator.token_loss(inputs, settings), "kl": inputs.student - inputs.teacher}
+        loss = estimator.token_loss(inputs, settings)
+        if inputs.advantage is not None:
+            loss = loss + settings.reward_weight * policy_gradient_loss(
+                inputs.student, inputs.sampling, inputs.advantage, settings.clip_eps, settings.dual_clip)
+        return {"loss": loss, "kl": inputs.student - inputs.teacher}

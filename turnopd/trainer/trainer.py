@@ -87,6 +87,7 @@ class ActionTokens:
     trajectory_weights: torch.Tensor | None  # each token's trajectory loss-weight factor (TokenBatch's)
     sequence_ids: torch.Tensor  # the index of the batch sequence each token is in
     proximal_logprobs: torch.Tensor | None = None  # under the weights the step started from (several updates)
+    advantages: torch.Tensor | None = None  # each token's trajectory advantage (the reward term's; TokenBatch's)
 
     @classmethod
     def of(cls, batch: TokenBatch) -> ActionTokens:
@@ -97,7 +98,8 @@ class ActionTokens:
                    batch.teacher_topk_ids[m] if topk else None, batch.teacher_topk_logprobs[m] if topk else None,
                    {name: values[m].double() for name, values in batch.turn_signals.items()},
                    None if batch.trajectory_weights is None else batch.trajectory_weights[batch.traj_ids[m]],
-                   sequence_of_position[m])
+                   sequence_of_position[m],
+                   advantages=None if batch.advantages is None else batch.advantages[batch.traj_ids[m]])
 
     @property
     def count(self) -> int:
@@ -111,7 +113,8 @@ class ActionTokens:
         return ActionTokens(self.traj_ids[index], self.turn_ids[index], self.old_logprobs[index],
                             self.teacher_logprobs[index], pick(self.topk_ids), pick(self.topk_logprobs),
                             {name: values[index] for name, values in self.signals.items()},
-                            pick(self.trajectory_weights), self.sequence_ids[index], pick(self.proximal_logprobs))
+                            pick(self.trajectory_weights), self.sequence_ids[index], pick(self.proximal_logprobs),
+                            pick(self.advantages))
 
 
 @dataclass(frozen=True)
@@ -394,6 +397,9 @@ class Trainer:
             raise ValueError(f"objective.estimator={self.estimator.name} needs the teacher's top-k ids and log-probs "
                              "in the batch (score the trajectories with top-k: turnopd.orchestration scores with "
                              "objective.topk for this estimator)")
+        if self.objective.reward_weight > 0 and batch.advantages is None:
+            raise ValueError(f"objective.reward_weight={self.objective.reward_weight} needs each trajectory's "
+                             "advantage in the batch (Trajectory.advantage; turnopd.orchestration.outcomes sets it)")
         starts = torch.cumsum(batch.seq_lens, 0) - batch.seq_lens
         if batch.num_tokens and bool(batch.loss_mask[starts[batch.seq_lens > 0]].any()):
             raise ValueError("a sequence starts with an action token: its log-prob has no context to be "
@@ -462,6 +468,8 @@ class Trainer:
         inputs = TokenInputs(sampling=tokens.old_logprobs[idx].to(device), teacher=tokens.teacher_logprobs[idx].to(device))
         if tokens.proximal_logprobs is not None:  # else the forward's own, detached (scorer.ActionScorer)
             inputs = dataclasses.replace(inputs, proximal=tokens.proximal_logprobs[idx].to(device))
+        if self.objective.reward_weight > 0:  # the reward term (none computed at 0: pure OPD as it was)
+            inputs = dataclasses.replace(inputs, advantage=tokens.advantages[idx].to(device))
         if self.estimator.needs_teacher_topk:
             inputs = dataclasses.replace(inputs, teacher_topk_ids=tokens.topk_ids[idx].to(device),
                                          teacher_topk=tokens.topk_logprobs[idx].to(device))

@@ -13,7 +13,11 @@ from envs.pool import EnvPool
 from teachers import Teacher, score_trajectories
 from turnopd.algorithm.budget import DepthSchedule
 from turnopd.algorithm.objective import ESTIMATORS
-from turnopd.algorithm.world_model_corrections import inverse_variance_weights, trajectory_variance
+from turnopd.algorithm.world_model_corrections import (
+    anchor_groups,
+    inverse_variance_weights,
+    trajectory_variance,
+)
 from turnopd.config import RunConfig
 from turnopd.core.distributed import rank_and_world
 from turnopd.core.ledger import Ledger
@@ -27,6 +31,7 @@ from turnopd.rollout.world_model_pool import WorldModelPool
 # (so that a resumed run does not replay the waves of the run it continues).
 POOL_SALT = 2
 WORLD_MODEL_DRAW = 1  # the 4th key of the draw of which episodes play the world model (task draws have 3)
+ANCHOR_DRAW = 2  # the 4th key of the draw of a step's anchor groups (world_model.debias / denoise of WMRL)
 
 
 def sample_tasks(tasks: list[str], n: int, seed: int, step: int, salt: int) -> list[str]:
@@ -34,6 +39,13 @@ def sample_tasks(tasks: list[str], n: int, seed: int, step: int, salt: int) -> l
     the same tasks as an uninterrupted one (with replacement only when n exceeds the split)."""
     rng = np.random.default_rng([seed, step, salt])
     return [tasks[i] for i in rng.choice(len(tasks), size=n, replace=n > len(tasks))]
+
+
+def grouped_tasks(tasks: list[str], n: int, group_size: int, seed: int, step: int, salt: int) -> list[str]:
+    """n episodes' tasks in groups of `group_size` consecutive episodes of one task (trainer.group_size):
+    ceil(n / group_size) tasks drawn by sample_tasks, each repeated; group_size 1 is sample_tasks."""
+    drawn = sample_tasks(tasks, -(-n // group_size), seed, step, salt)
+    return [task for task in drawn for _ in range(group_size)][:n]
 
 
 def step_sampling(cfg: RunConfig, step: int) -> SamplingParams:
@@ -102,11 +114,18 @@ def step_episodes(cfg: RunConfig, train_tasks: list[str], plan: BatchPlan) -> Ep
     """This rank's share of step `plan.step`'s episodes: the same tasks, seeds and turn limits in every
     mode. A probe step draws its tasks apart (salt 1) from a rollout step's (salt 0)."""
     rank, world = rank_and_world()
-    tasks = sample_tasks(train_tasks, plan.episodes, cfg.seed, plan.step, salt=int(plan.probe))[rank::world]
-    simulated = (simulated_episodes(plan.episodes, plan.probes, cfg.world_model.real_fraction, cfg.seed,
-                                    plan.step)[rank::world] if cfg.world_model.path is not None else ())
+    tasks = grouped_tasks(train_tasks, plan.episodes, cfg.trainer.group_size, cfg.seed, plan.step,
+                          salt=int(plan.probe))[rank::world]
+    wm = cfg.world_model
+    if wm.path is None:
+        simulated = []
+    elif wm.anchors:
+        simulated = anchored_episodes(plan.episodes, plan.probes, cfg.trainer.group_size, wm.anchor_fraction,
+                                      wm.anchor_min_groups, wm.anchor_max_concurrent, cfg.seed, plan.step)
+    else:
+        simulated = simulated_episodes(plan.episodes, plan.probes, wm.real_fraction, cfg.seed, plan.step)
     return Episodes(tasks, plan.turn_limits[rank::world], step_sampling(cfg, plan.step),
-                    probes=len(range(rank, plan.probes, world)), simulated=tuple(simulated))
+                    probes=len(range(rank, plan.probes, world)), simulated=tuple(simulated[rank::world]))
 
 
 def simulated_episodes(n: int, probes: int, real_fraction: float, seed: int, step: int) -> list[bool]:
@@ -117,6 +136,17 @@ def simulated_episodes(n: int, probes: int, real_fraction: float, seed: int, ste
     return [i >= probes and bool(draws[i] >= real_fraction) for i in range(n)]
 
 
+def anchored_episodes(n: int, probes: int, group_size: int, fraction: float, min_groups: int,
+                      max_concurrent: int | None, seed: int, step: int) -> list[bool]:
+    """Which of a step's n episodes (global indices, in groups of group_size) play the world model,
+    with WMRL's anchor groups: all but the episodes of the anchor groups (anchor_groups, seeded by
+    (seed, step)) and of a group holding a probe (probes play the real env, and a group is graded by
+    one source)."""
+    anchors = set(anchor_groups(-(-n // group_size), [seed, step, 0, ANCHOR_DRAW], fraction, min_groups,
+                                max_concurrent))
+    return [(i // group_size) * group_size >= probes and i // group_size not in anchors for i in range(n)]
+
+
 def wave_episodes(cfg: RunConfig, train_tasks: list[str], start_step: int, wave: int, cap: int) -> Episodes:
     """This rank's share of pool wave `wave` of a run (re)started at `start_step`, capped at `cap`
     turns (no probes: those are step batches): tasks and sampling seed are pure functions of (seed,
@@ -124,7 +154,7 @@ def wave_episodes(cfg: RunConfig, train_tasks: list[str], start_step: int, wave:
     rank, world = rank_and_world()
     salt = POOL_SALT + start_step
     n = cfg.pipeline.wave_episodes or cfg.trainer.episodes_per_step
-    tasks = sample_tasks(train_tasks, n, cfg.seed, wave, salt)[rank::world]
+    tasks = grouped_tasks(train_tasks, n, cfg.trainer.group_size, cfg.seed, wave, salt)[rank::world]
     seed = int(np.random.default_rng([cfg.seed, wave, salt]).integers(2**31))
     return Episodes(tasks, episode_turn_limits(len(tasks), 0, cap, cfg.env.max_turns),
                     dataclasses.replace(step_sampling(cfg, wave), seed=seed))
@@ -148,7 +178,7 @@ def play_and_score(cfg: RunConfig, spec: EnvSpec, pool: EnvPool, policy: Policy,
         trajectories = rollout(spec, pool, policy, episodes.tasks, env_config=cfg.env, sampling=episodes.sampling,
                                turn_limits=episodes.turn_limits, probes=episodes.probes, ledger=ledger, world=world,
                                simulated=episodes.simulated)
-        if world is not None and cfg.world_model.samples >= 2:
+        if world is not None and cfg.world_model.denoise == "trajectory_variance" and cfg.world_model.samples >= 2:
             weights = inverse_variance_weights([trajectory_variance(t.world_model_disagreements) for t in trajectories],
                                                cfg.world_model.variance_floor)
             for trajectory, weight in zip(trajectories, weights, strict=True):
