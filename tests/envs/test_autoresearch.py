@@ -20,7 +20,7 @@ from envs.autoresearch.env import AutoresearchEnv, Task, parse_command
 from envs.autoresearch.expert import CoordinateSearchExpert
 from envs.autoresearch.spec import SPLIT_STARTS, THRESHOLDS, make_task, start_config
 from envs.autoresearch.train import KNOB_NAMES, KNOB_VALUES, KNOBS, Oracle, Problem, config_from, train_job
-from envs.base import ParsedAction, PromptContext, StepOutcome, answer_instruction
+from envs.base import ParsedAction, PromptContext, RelabellingExpert, StepOutcome, answer_instruction
 from envs.pool import EnvPool
 from turnopd.config import EnvConfig
 
@@ -293,7 +293,8 @@ def test_the_expert_climbs_to_a_local_optimum() -> None:
     assert better == [] or expert.tried == 3 * len(KNOBS)
 
 
-def test_the_expert_needs_the_envs_outcomes() -> None:
+def test_the_expert_needs_the_envs_outcomes_and_can_relabel(spec) -> None:
+    assert isinstance(spec.expert("digits-mlp-s0"), RelabellingExpert)
     with pytest.raises(ValueError, match="info\\['config'\\] holds the best configuration"):
         CoordinateSearchExpert(SHORT, Oracle()).act(StepOutcome(observation="hello"))
 
