@@ -9,7 +9,7 @@ from envs.base import ENVS, EnvSpec
 
 # Each module registers its EnvSpec class in ENVS (envs.base) on import; they import their engines
 # lazily. `turnopd new env NAME` appends to this line.
-BUILTIN_ENVS = ("envs.alfworld", "envs.webshop", "envs.search", "envs.twx", "envs.prompts")
+BUILTIN_ENVS = ("envs.alfworld", "envs.webshop", "envs.search", "envs.twx", "envs.prompts", "envs.autoresearch")
 for _module in BUILTIN_ENVS:
     importlib.import_module(_module)
 
