@@ -211,9 +211,13 @@ def test_builtin_envs_edit(tmp_path: Path) -> None:
     assert init.read_text() == ('import x\nBUILTIN_ENVS = ("envs.a", "envs.b", "envs.c")  # why\n'
                                 'for m in BUILTIN_ENVS:\n    pass\n')
     assert add_builtin_env(init, "envs.c") and init.read_text().count("envs.c") == 1  # already there
-    for source in ['BUILTIN_ENVS = (\n    "envs.a",\n)\n',  # not one line: left to the user
-                   "BUILTIN_ENVS = tuple(find())\n",
-                   f'BUILTIN_ENVS = ("envs.{"a" * 90}",)\n']:  # would pass the line length
+    long = f'"envs.{"a" * 90}"'
+    init.write_text(f"BUILTIN_ENVS = ({long},)  # why\n")  # one line more would pass the line length
+    assert add_builtin_env(init, "envs.c")
+    assert init.read_text() == f'BUILTIN_ENVS = (\n    {long},\n    "envs.c",\n)  # why\n'
+    assert add_builtin_env(init, "envs.d")  # a tuple over several lines is rewritten too
+    assert init.read_text() == f'BUILTIN_ENVS = (\n    {long},\n    "envs.c",\n    "envs.d",\n)  # why\n'
+    for source in ["BUILTIN_ENVS = tuple(find())\n", "BUILTIN_ENVS = [x for x in y]\n"]:  # not a tuple of strings
         init.write_text(source)
         assert not add_builtin_env(init, "envs.c") and init.read_text() == source
 
@@ -226,7 +230,7 @@ def test_cli(layout: Path, capsys: pytest.CaptureFixture) -> None:
     assert "pytest tests/envs/test_toy.py" in out
     assert main(["new", "env", "toy", "--root", str(layout)]) == 2
     assert "error: env 'toy' exists already" in capsys.readouterr().err
-    (layout / "envs/__init__.py").write_text('BUILTIN_ENVS = (\n    "envs.toy",\n)\n')
+    (layout / "envs/__init__.py").write_text("BUILTIN_ENVS = tuple(found())\n")
     assert main(["new", "env", "other", "--root", str(layout)]) == 0
     assert 'to do    add "envs.other" to BUILTIN_ENVS in envs/__init__.py' in capsys.readouterr().out
 

@@ -11,7 +11,7 @@ CamelCase class prefix) are replaced in paths and contents, and `.tmpl` is dropp
 Nothing is ever overwritten: the command checks every file first and writes none when one exists.
 `new env` also adds the package to BUILTIN_ENVS in envs/__init__.py (the import that registers it),
 because nothing else (`turnopd env`, the generated test, recipes) can find an env that is not
-imported; it prints the line to add when that tuple is not a single line it can rewrite.
+imported; it prints the line to add when that assignment is not a tuple of strings it can rewrite.
 """
 
 from __future__ import annotations
@@ -119,8 +119,9 @@ def write_files(root: Path, name: str, required: str, optional: str) -> Scaffold
 
 
 def add_builtin_env(init_file: Path, module: str) -> bool:
-    """Append `module` to the one-line BUILTIN_ENVS tuple of envs/__init__.py. False (the file left
-    as it is) when the assignment is not a single line holding a tuple of strings."""
+    """Append `module` to the BUILTIN_ENVS tuple of envs/__init__.py, on one line while it fits the
+    line length, else one module per line. False (the file left as it is) when the assignment is not a
+    tuple of strings."""
     source = init_file.read_text()
     for node in ast.parse(source).body:
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1
@@ -134,15 +135,14 @@ def add_builtin_env(init_file: Path, module: str) -> bool:
             return False
         if module in modules:
             return True
-        if node.lineno != node.end_lineno:
-            return False
         lines = source.splitlines(keepends=True)
-        line = lines[node.lineno - 1]
-        value = "(" + ", ".join(f'"{m}"' for m in (*modules, module)) + ")"
-        new_line = line[: node.value.col_offset] + value + line[node.value.end_col_offset:]
-        if len(new_line.rstrip("\n")) > MAX_LINE:
-            return False
-        lines[node.lineno - 1] = new_line
+        head = lines[node.lineno - 1][: node.value.col_offset]
+        tail = lines[node.end_lineno - 1][node.value.end_col_offset:]
+        names = [f'"{m}"' for m in (*modules, module)]
+        value = "(" + ", ".join(names) + ")"
+        if len(head + value + tail.rstrip("\n")) > MAX_LINE:
+            value = "(\n" + "".join(f"    {name},\n" for name in names) + ")"
+        lines[node.lineno - 1 : node.end_lineno] = [head + value + tail]
         init_file.write_text("".join(lines))
         return True
     return False
