@@ -186,7 +186,7 @@ class FamiliarityConfig:
     # teacher top-k scored for action_entropy from a backend whose scores carry no entropy (vllm, vllm_server)
     topk: int = field(default=0, metadata=_range(0))
     # false: an in-process teacher (objective.estimator full) skips the signals, whose context_logprob reads
-    # its head out at every context token (on one-turn prompts ~half its forward again); mode none only
+    # its head out at every context token (most of the tokens of one-turn prompts); mode none only
     signals: bool = True
 
 
