@@ -9,14 +9,13 @@ answers a line's "answer", so demonstrations (SFT) need every line to have one.
 
 Options: `files`, {split: source}. A source is the path of a JSONL file (relative paths from the
 working directory), or another env's first turns: {env: NAME, split: SPLIT, settings: {env block
-keys}, expert_answers: BOOL, max_tasks: N}, rendered once into ~/.cache/turnopd/prompts/ (what
-`turnopd env prompts` writes; expert_answers gives each prompt the env expert's first action as its
-answer).
+keys}, expert_answers: BOOL, max_tasks: N}, rendered once into the cache (envs.cache: $TURNOPD_CACHE,
+else ~/.cache/turnopd; what `turnopd env prompts` writes; expert_answers gives each prompt the env
+expert's first action as its answer).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -36,10 +35,10 @@ from envs.base import (
     check_split,
     select_tasks,
 )
+from envs.cache import build_once, cache_root, content_key
 
 OPTIONS: dict[str, Any] = {"files": {}}  # option -> default
 DERIVED_KEYS = {"env", "split", "settings", "expert_answers", "max_tasks"}  # a source that renders another env's turns
-DERIVED_DIR = Path.home() / ".cache" / "turnopd" / "prompts"
 DEFAULT_TYPE = "prompt"  # the task type of a line without "type"
 
 
@@ -133,12 +132,12 @@ def derived_file(split: str, source: Mapping[str, Any], data_dir: str | None) ->
                          "{env: alfworld, split: train, settings: {task_types: [look_at_obj_in_light]}}")
     config = EnvConfig(name=source["env"], **dict(source.get("settings") or {}))
     spec = ENVS.get(config.name)(config, data_dir)
-    key = json.dumps({**source, "observation_version": spec.observation_version}, sort_keys=True, default=str)
-    path = DERIVED_DIR / f"{config.name}-{source['split']}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.jsonl"
-    if not path.is_file():
-        write_rows(first_turn_rows(spec, config.answer_format, source["split"], source.get("max_tasks"),
-                                   bool(source.get("expert_answers"))), path)
-    return path
+    key = content_key(json.dumps({**source, "observation_version": spec.observation_version}, sort_keys=True,
+                                 default=str))
+    entry = build_once(cache_root() / "prompts" / f"{config.name}-{source['split']}-{key}", lambda folder: write_rows(
+        first_turn_rows(spec, config.answer_format, source["split"], source.get("max_tasks"),
+                        bool(source.get("expert_answers"))), folder / "prompts.jsonl"))
+    return entry / "prompts.jsonl"
 
 
 class PromptsEnv:

@@ -179,3 +179,17 @@ def test_env_prompts_writes_the_first_turns_that_env_play_shows(tmp_path, monkey
     env.close()
     spec = make_env_spec(EnvConfig(name="prompts", options={"files": {"valid_seen": str(out)}}))
     assert spec.tasks("valid_seen") == [r["id"] for r in rows]
+
+
+def test_a_derived_split_is_rendered_once_into_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TURNOPD_CACHE", str(tmp_path / "cache"))
+    source = {"env": "alfworld", "split": "valid_seen", "max_tasks": 2, "expert_answers": True,
+              "settings": {"task_types": ["look_at_obj_in_light"]}}
+    spec = make_env_spec(EnvConfig(name="prompts", options={"files": {"valid_seen": source}}))
+    path = spec.files["valid_seen"]
+    assert path.is_relative_to(tmp_path / "cache" / "prompts") and len(spec.tasks("valid_seen")) == 2
+    mtime = path.stat().st_mtime_ns
+    again = make_env_spec(EnvConfig(name="prompts", options={"files": {"valid_seen": source}}))
+    assert again.files["valid_seen"] == path and path.stat().st_mtime_ns == mtime  # not rendered again
+    with pytest.raises(ValueError, match="a derived source needs `env` and `split`"):
+        make_env_spec(EnvConfig(name="prompts", options={"files": {"train": {"env": "alfworld"}}}))
