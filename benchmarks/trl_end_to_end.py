@@ -42,6 +42,9 @@ user message with the generation prompt (what TurnOPD's rollout engine does; che
              in-process), B episodes per step, S steps, no eval at the start or during, a 1-task eval
              at the end (off the clock), no checkpoints, no trackers. Its clock, tokens and the parts of
              its steps are read from the run's metrics.jsonl.
+    turnopd-unshared   (in --sides) the same with trainer.shared_prefix=false: every row runs whole in
+             the student's and the teacher's passes, as TRL's do; the ratio to `turnopd` is what the
+             shared-prefix forward saves (here the chat template's 29-token system prompt).
     trl      DistillationTrainer on the same prompts (B per step, shuffled), beta=1 (reverse KL
              over the full vocabulary, in TRL 1.16 1.0 = reverse, 0.0 = forward), loss temperature 1;
              sampling temperature via generation_kwargs (TRL's `temperature` also divides the
@@ -71,6 +74,7 @@ of where a step's time goes (phase_table). Raw numbers go to benchmarks/results/
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -288,7 +292,8 @@ def snapshot_tree(workdir: str | None) -> Path:
 # ---- the TurnOPD side ----------------------------------------------------------------------------
 
 
-def turnopd_command(args: argparse.Namespace, model: str, workdir: Path, name: str) -> list[str]:
+def turnopd_command(args: argparse.Namespace, model: str, workdir: Path, name: str, extra: tuple[str, ...] = ()
+                    ) -> list[str]:
     spec = MODELS[model]
     overrides = [
         f"name={name}", f"output_dir={workdir}", f"seed={args.seed}",
@@ -306,7 +311,7 @@ def turnopd_command(args: argparse.Namespace, model: str, workdir: Path, name: s
         teacher_yaml.write_text(f"name: {spec['teacher_spec']}-teacher\nmodel: {spec['teacher']}\n"
                                 "backend: transformers\ndtype: float32\nmax_length: 2048\n")
         overrides.append(f"teachers.prompts={teacher_yaml}")
-    return [*turnopd_cli(args), "distill", RECIPE, *overrides]
+    return [*turnopd_cli(args), "distill", RECIPE, *overrides, *extra]
 
 
 def read_turnopd_metrics(run_dir: Path, warmup: int) -> dict:
@@ -333,10 +338,10 @@ def read_turnopd_metrics(run_dir: Path, warmup: int) -> dict:
     }
 
 
-def run_turnopd(args: argparse.Namespace, model: str, label: str, tag: str) -> dict:
+def run_turnopd(args: argparse.Namespace, model: str, label: str, tag: str, extra: tuple[str, ...] = ()) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix=f"turnopd-{model}-", dir=args.workdir))
     name = "bench"
-    run = run_child(turnopd_command(args, model, workdir, name), child_env(args), workdir / "log.txt", label,
+    run = run_child(turnopd_command(args, model, workdir, name, extra), child_env(args), workdir / "log.txt", label,
                     cwd=args.src)
     if run["returncode"] != 0:
         sys.exit(f"{label} failed (exit {run['returncode']}); log {workdir / 'log.txt'}:\n"
@@ -555,7 +560,12 @@ def figures(run: dict, warmup: int) -> dict:
             "process_wall_s": run["process_wall_s"]}
 
 
-SIDES = {"turnopd": run_turnopd, "trl": run_trl}
+SIDES = {"turnopd": run_turnopd, "trl": run_trl,
+         # TurnOPD with every row run whole: what the shared-prefix forward saves, in the same run
+         "turnopd-unshared": functools.partial(run_turnopd, extra=("trainer.shared_prefix=false",))}
+# the ratios each table shows, where both sides ran: (numerator, denominator, label)
+RATIOS = [("turnopd", "trl", "TurnOPD / TRL"), ("turnopd-unshared", "trl", "TurnOPD unshared / TRL"),
+          ("turnopd", "turnopd-unshared", "TurnOPD shared / unshared prefix")]
 COLUMNS = [("steps_per_s", "steps/s", "{:.3f}"), ("trained_tok_s", "trained tok/s", "{:.0f}"),
            ("generated_tok_s", "generated tok/s", "{:.1f}"), ("peak_rss_gb", "peak RSS trainer (GB)", "{:.2f}"),
            ("peak_tree_rss_gb", "peak RSS process tree (GB)", "{:.2f}")]
@@ -574,9 +584,10 @@ def table(results: dict, steps: dict[str, int]) -> str:
             cells = [median_range([f[key] for f in runs], fmt) for key, _, fmt in COLUMNS]
             per_ep = f"{med[side]['prompt_tokens_per_episode']:.1f} + {med[side]['completion_tokens_per_episode']:.1f}"
             rows.append(f"| {model} ({steps[model]} steps) | {side} | " + " | ".join(cells) + f" | {per_ep} | {med[side]['s_per_step']:.2f} |")
-        if len(sides) == 2:
-            ratio = [f"{med['turnopd'][k] / med['trl'][k]:.2f}x" for k, _, _ in COLUMNS]
-            rows.append(f"| {model} ({steps[model]} steps) | TurnOPD / TRL | " + " | ".join(ratio) + " | | |")
+        for a, b, name in RATIOS:
+            if a in sides and b in sides:
+                ratio = [f"{med[a][k] / med[b][k]:.2f}x" for k, _, _ in COLUMNS]
+                rows.append(f"| {model} ({steps[model]} steps) | {name} | " + " | ".join(ratio) + " | | |")
     return "\n".join(rows)
 
 
@@ -622,7 +633,7 @@ def report(path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="tiny,smollm2", help="comma list of: " + ", ".join(MODELS))
-    parser.add_argument("--sides", default="turnopd,trl", help="comma list of: turnopd, trl")
+    parser.add_argument("--sides", default="turnopd,trl", help="comma list of: " + ", ".join(SIDES))
     parser.add_argument("--batch", type=int, default=8, help="prompts (one-turn episodes) per optimizer step")
     parser.add_argument("--steps", type=int, default=None,
                         help="timed optimizer steps after --warmup (default: tiny 30, smollm2 10, ~0.3 s and ~8 s each)")
@@ -752,17 +763,18 @@ def measure(args: argparse.Namespace, models: list[str], sides: list[str]) -> No
 
 
 def summaries(results: dict[str, dict[str, list[dict]]]) -> list[record.Summary]:
-    """Per model: each side's steps/s, TurnOPD / TRL paired per repeat, and the trainer's peak RSS ratio."""
+    """Per model: each side's steps/s, and the steps/s and trainer peak RSS ratios of RATIOS, paired per repeat."""
     out = []
     for model, sides in results.items():
         out += [record.Summary.of(f"{model}, {side}: steps/s", [f["steps_per_s"] for f in runs], "steps/s")
                 for side, runs in sides.items()]
-        if len(sides) == 2:
-            pairs = list(zip(sides["turnopd"], sides["trl"], strict=True))
-            out.append(record.Summary.of(f"{model}: TurnOPD / TRL steps/s",
-                                         [a["steps_per_s"] / b["steps_per_s"] for a, b in pairs], "x"))
-            out.append(record.Summary.of(f"{model}: TurnOPD / TRL trainer peak RSS",
-                                         [a["peak_rss_gb"] / b["peak_rss_gb"] for a, b in pairs], "x"))
+        for a, b, name in RATIOS:  # paired per repeat
+            if a in sides and b in sides:
+                pairs = list(zip(sides[a], sides[b], strict=True))
+                out.append(record.Summary.of(f"{model}: {name} steps/s",
+                                             [x["steps_per_s"] / y["steps_per_s"] for x, y in pairs], "x"))
+                out.append(record.Summary.of(f"{model}: {name} trainer peak RSS",
+                                             [x["peak_rss_gb"] / y["peak_rss_gb"] for x, y in pairs], "x"))
     return out
 
 

@@ -242,6 +242,8 @@ class TrainerConfig:
     # extra DeepSpeed config: a mapping merged over the generated one, or a path to a JSON file
     deepspeed: Any = None
     activation_checkpointing: bool = False
+    # rows of a micro-batch that begin alike run their common prefix once (student and in-process teacher)
+    shared_prefix: bool = True
     dtype: str = field(default="auto", metadata=_choices("auto", "float32", "bfloat16"))
     max_bad_steps: int = field(default=3, metadata=_range(1))  # NaN/inf steps in a row before stopping
     # an optimizer update per this many turn rows (a turn's action tokens, TCOD's unit: its

@@ -6,6 +6,11 @@ token p) and reads log-probs out through the output embedding in chunks (`gather
 whole-batch [N, V] log-softmax never exists. Running the head inside the engine's forward is also
 what ZeRO-3 needs: the head weight is registered as an external parameter of this module and is
 gathered for its forward and backward.
+
+Rows that begin with the same tokens (a system prompt, GRPO's group of one task) run that shared
+prefix once (`decode`): a decoder's states at a position depend only on the tokens up to it, so the
+prefix's states and keys/values are the same in every row, computed for one and repeated; gradients
+from every row flow back into that one pass.
 """
 
 from __future__ import annotations
@@ -32,6 +37,40 @@ def check_causal_lm(model: nn.Module, role: str) -> None:
     if getattr(model.config, "final_logit_softcapping", None):
         raise ValueError(f"the {role} ({type(model).__name__}) soft-caps its logits, which the chunked "
                          "log-prob readout does not apply")
+
+
+# below this many shared tokens the second decoder call (and the cached-attention mask) costs more than
+# the prefix it saves
+MIN_SHARED_PREFIX = 16
+
+
+def shared_prefix_length(input_ids: torch.Tensor) -> int:
+    """How many leading tokens every row of `input_ids` [rows, L] has in common, at most L - 1 (the
+    rows keep one position of their own); 0 for a single row."""
+    rows, length = input_ids.shape
+    if rows < 2:
+        return 0
+    differs = (input_ids != input_ids[:1]).any(0).nonzero()
+    return min(int(differs[0]) if len(differs) else length, length - 1)
+
+
+def decode(model: nn.Module, input_ids: torch.Tensor, share_prefix: bool) -> torch.Tensor:
+    """The decoder's last hidden states [rows, L, d] of right-padded `input_ids` [rows, L].
+
+    With `share_prefix`, a prefix of P >= MIN_SHARED_PREFIX tokens common to all rows runs once on one
+    row, its keys/values repeated for the rows' own tokens: (rows - 1) * P fewer token positions in
+    the forward and backward, and the same states up to float rounding. Not under activation
+    checkpointing, which keeps no key/value cache."""
+    decoder = model.get_decoder()
+    prefix = shared_prefix_length(input_ids) if share_prefix and not model.is_gradient_checkpointing else 0
+    if prefix < MIN_SHARED_PREFIX:
+        return decoder(input_ids=input_ids, use_cache=False).last_hidden_state
+    rows = input_ids.shape[0]
+    shared = decoder(input_ids=input_ids[:1, :prefix], use_cache=True)
+    cache = shared.past_key_values
+    cache.batch_repeat_interleave(rows)  # differentiable: every row's gradient reaches the one pass
+    own = decoder(input_ids=input_ids[:, prefix:], past_key_values=cache, use_cache=True).last_hidden_state
+    return torch.cat([shared.last_hidden_state.expand(rows, -1, -1), own], 1)
 
 
 def select_predicting(hidden: torch.Tensor, input_ids: torch.Tensor, scored: torch.Tensor
@@ -66,11 +105,12 @@ def turn_signals(hidden: torch.Tensor, head: torch.Tensor, input_ids: torch.Tens
 
 
 class ActionScorer(nn.Module):
-    def __init__(self, model: nn.Module, chunk_size: int = 256):
+    def __init__(self, model: nn.Module, chunk_size: int = 256, share_prefix: bool = True):
         super().__init__()
         check_causal_lm(model, "student")
         self.model = model
         self.chunk_size = chunk_size
+        self.share_prefix = share_prefix
 
     @property
     def head_weight(self) -> nn.Parameter:
@@ -92,7 +132,7 @@ class ActionScorer(nn.Module):
         g_p the reward term's `policy_gradient_loss` (its ratio against the sampling log-prob, under
         objective.clip_eps and dual_clip).
         """
-        hidden = self.model.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state
+        hidden = decode(self.model, input_ids, self.share_prefix)
         hidden, token_ids = select_predicting(hidden, input_ids, scored)
         if estimator.needs_teacher_model:
             inputs = dataclasses.replace(inputs, student_hidden=hidden, student_head=self.head_weight)

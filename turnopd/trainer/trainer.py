@@ -54,7 +54,7 @@ from turnopd.engines.lora import is_adapter_model
 from turnopd.trainer.engine import deepspeed_config, init_process_group
 from turnopd.trainer.packing import MicroBatch, build_micro_batch, pack_by_tokens, padding_micro_batch
 from turnopd.trainer.schedule import lr_factor
-from turnopd.trainer.scorer import ActionScorer, check_causal_lm, select_predicting, turn_signals
+from turnopd.trainer.scorer import ActionScorer, check_causal_lm, decode, select_predicting, turn_signals
 
 CHECKPOINT_TAG = "state"  # DeepSpeed's sub-folder of `<dir>/deepspeed` holding optimizer and scheduler
 
@@ -219,7 +219,7 @@ class Trainer:
         if trainer_cfg.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
-        scorer = ActionScorer(model, objective_cfg.chunk_size)
+        scorer = ActionScorer(model, objective_cfg.chunk_size, trainer_cfg.shared_prefix)
         self.adapter_only = is_adapter_model(model)
         if self.adapter_only:  # DeepSpeed's checkpoint holds the adapter alone: the frozen base (tied head
             # included, which exclude_frozen_parameters would keep) comes from the base model
@@ -417,7 +417,7 @@ class Trainer:
         predict action tokens (the full estimator's input), and (familiarity.signals) the turns'
         familiarity signals written into `tokens.signals` (the same forward: no second pass)."""
         ids, scored = mb.input_ids.to(self.device), mb.scored.to(self.device)
-        hidden = self.teacher.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state
+        hidden = decode(self.teacher, ids, self.cfg.shared_prefix)
         if not self.familiarity.signals:
             return select_predicting(hidden, ids, scored)[0]
         for name, values in turn_signals(hidden, self.teacher.get_output_embeddings().weight, ids, scored,
