@@ -68,6 +68,25 @@ class RelabellingExpert(Expert, Protocol):
     def follow(self, command: str) -> None: ...
 
 
+@dataclass(frozen=True)
+class MetricReading:
+    """What an observation reports of one scored change, in an env whose steps are experiments
+    (autoresearch): the metric as the observation writes it (autoresearch: accuracy in percent) and
+    whether the change helped (the env kept it)."""
+
+    metric: float
+    helps: bool
+
+
+@runtime_checkable
+class MetricReader(Protocol):
+    """An EnvSpec whose step observations report a metric: `read_metric` reads it back (None for an
+    observation that reports none: an invalid action, a submit). A world model of such an env is also
+    graded on the metric it predicts (turnopd.orchestration.world_model_training)."""
+
+    def read_metric(self, observation: str) -> MetricReading | None: ...
+
+
 @dataclass
 class PromptContext:
     """Everything a prompt template may show at one turn."""

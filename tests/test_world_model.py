@@ -6,8 +6,11 @@ import random
 
 import pytest
 
+from envs import make_env_spec
+from envs.autoresearch.env import job_report
 from envs.transitions import Transition, episode_transitions, split_episodes
 from turnopd.algorithm.world_model_corrections import (
+    auroc,
     debiased_mean,
     expected_calibration_error,
     inverse_variance_weights,
@@ -15,9 +18,10 @@ from turnopd.algorithm.world_model_corrections import (
     token_f1,
     trajectory_variance,
 )
+from turnopd.config import EnvConfig
 from turnopd.core.types import EpisodeSummary
 from turnopd.orchestration.run_log import world_model_fields
-from turnopd.orchestration.world_model_training import fidelity_table, replay_table
+from turnopd.orchestration.world_model_training import fidelity_table, metric_table, replay_table
 from turnopd.rollout.world_model_pool import Verdict
 
 # ------------------------------------------------------------------------- Online Debiasing
@@ -165,6 +169,17 @@ def test_expected_calibration_error_refuses_bad_input(args, message):
         expected_calibration_error(*args)
 
 
+def test_auroc_by_hand():
+    # positives score .9 and .4, negatives .6 and .1: of the 4 pairs the positive is higher in
+    # (.9, .6), (.9, .1), (.4, .1), lower in (.4, .6) -> 3/4
+    assert auroc([0.9, 0.4, 0.6, 0.1], [True, True, False, False]) == 0.75
+    assert auroc([0.5, 0.5], [True, False]) == 0.5  # a tie counts one half
+    assert auroc([0.9, 0.1], [True, False]) == 1.0 and auroc([0.1, 0.9], [True, False]) == 0.0
+    assert auroc([0.3, 0.7], [True, True]) is None and auroc([], []) is None  # one class: undefined
+    with pytest.raises(ValueError, match="2 scores for 1 labels"):
+        auroc([0.1, 0.2], [True])
+
+
 def _transition(action, next_observation, won, source="expert"):
     return Transition(task_id="t", task="goal", first_observation="room", history=(), step=0, observation="o",
                       action=action, next_observation=next_observation, done=won, won=won, source=source)
@@ -224,3 +239,34 @@ def test_replay_table_by_hand():
     assert (nothing.episodes, nothing.no_verdict) == (0, 1) and math.isnan(nothing.won_real)
     with pytest.raises(ValueError, match="2 episodes for 1 verdicts"):
         replay_table(episodes[:2], verdicts[:1])
+
+
+def _ran(accuracy: float, kept: bool) -> str:
+    """An autoresearch observation of a job scoring `accuracy` (a fraction), written by the env's own code."""
+    return job_report("lr", "0.01", "0.001", accuracy, False, 0.0, kept) + " Best accuracy 55.00% with lr=0.01."
+
+
+def test_metric_table_by_hand():
+    reader = make_env_spec(EnvConfig(name="autoresearch"))
+    cases = [  # (source, the env's observation, the greedy answer, 2 sampled answers)
+        ("expert", _ran(0.50, True), "continue\n" + _ran(0.475, True), [_ran(0.5, True), _ran(0.4, False)]),
+        ("student", _ran(0.40, False), "continue\n" + _ran(0.41, False), [_ran(0.5, True), _ran(0.4, False)]),
+        ("student", _ran(0.30, False), "continue\nno metric", ["garbage", "continue\n" + _ran(0.2, False)]),
+        ("student", "Invalid action: there is no knob 'x'.", "continue\n" + _ran(0.3, True), ["", ""]),  # no metric
+        ("expert", _ran(0.60, True), _ran(0.60, True), [_ran(0.6, False), "continue\n" + _ran(0.6, True)]),
+    ]
+    table = metric_table(reader, [_transition("set lr 0.01", obs, won=False, source=source) for source, obs, _, _ in cases],
+                         [answer for _, _, answer, _ in cases], [samples for _, _, _, samples in cases])
+    assert list(table) == ["all", "source=expert", "source=student"]
+    row = table["all"]  # the 4 scored changes; P(helps) = .5, .5, 0, .5; helped: yes, no, no, yes
+    assert (row.changes, row.helped, row.parsed) == (4, 2, 3)
+    assert row.metric_mae == pytest.approx((2.5 + 1.0 + 0.0) / 3)  # in points; the third wrote no metric
+    # positives .5, .5 against negatives .5, 0: each positive ties .5 (1/2) and beats 0 (1) -> 3/4
+    assert row.helps_auroc == 0.75
+    # 10 bins: {.5, .5, .5} helped 2/3: |2/3 - .5| * 3/4; {0} helped 0: 0 -> .125
+    assert row.helps_ece == pytest.approx(0.125)
+    expert, student = table["source=expert"], table["source=student"]
+    assert (expert.changes, expert.helped, expert.metric_mae, expert.helps_auroc) == (2, 2, 1.25, None)
+    assert expert.helps_ece == pytest.approx(0.5)  # both P = .5, both helped
+    assert (student.parsed, student.metric_mae, student.helps_ece) == (1, pytest.approx(1.0), pytest.approx(0.25))
+    assert metric_table(reader, [_transition("submit", "Submitted.", won=False)], ["x"], [["x"]]) == {}

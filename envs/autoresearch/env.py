@@ -14,6 +14,7 @@ task's threshold.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from envs.autoresearch.data import load_dataset
@@ -27,7 +28,7 @@ from envs.autoresearch.train import (
     describe_config,
     with_value,
 )
-from envs.base import StepOutcome
+from envs.base import MetricReading, StepOutcome
 
 MAX_ACTION_CHARS = 200
 
@@ -82,6 +83,27 @@ def percent(accuracy: float) -> str:
 
 def points(change: float) -> str:
     return f"{100 * change:+.2f} points"
+
+
+DIVERGED = " (training diverged: the loss became NaN)"
+
+
+def job_report(knob: str, value: str, was: str, accuracy: float, diverged: bool, change: float, kept: bool) -> str:
+    """The sentence a step that ran a job opens with; `read_job_report` reads it back."""
+    return (f"Ran {knob}={value} (was {was}): validation accuracy {percent(accuracy)}{DIVERGED if diverged else ''}, "
+            f"{points(change)} vs the best: {'kept' if kept else 'reverted'}.")
+
+
+_JOB_REPORT = re.compile(r"Ran \S+=\S+ \(was \S+\): validation accuracy (?P<accuracy>\d+(?:\.\d+)?)%"
+                         rf"(?:{re.escape(DIVERGED)})?, [+-]\d+(?:\.\d+)? points vs the best: (?P<verdict>kept|reverted)\.")
+
+
+def read_job_report(observation: str) -> MetricReading | None:
+    """The accuracy (in percent, as written) and whether the change was kept, from an observation that
+    opens with `job_report`'s sentence (the env's, or a world model's imitation of it); None for any
+    other (an invalid action, a submit, text that does not follow the format)."""
+    match = _JOB_REPORT.match(observation)
+    return None if match is None else MetricReading(float(match["accuracy"]), match["verdict"] == "kept")
 
 
 class AutoresearchEnv:
@@ -141,9 +163,7 @@ class AutoresearchEnv:
         if kept:
             self.config, self.best = candidate, result.accuracy
         self.done = self.turns >= self.max_turns
-        diverged = " (training diverged: the loss became NaN)" if result.diverged else ""
-        observation = (f"Ran {knob}={value} (was {was}): validation accuracy {percent(result.accuracy)}{diverged}, "
-                       f"{points(change)} vs the best: {'kept' if kept else 'reverted'}. {self._state()}")
+        observation = f"{job_report(knob, value, was, result.accuracy, result.diverged, change, kept)} {self._state()}"
         return self._outcome(observation, rise, info={"invalid": False, "accuracy": result.accuracy, "kept": kept,
                                                       "job_seconds": result.seconds})
 

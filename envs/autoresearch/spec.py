@@ -14,11 +14,19 @@ from pathlib import Path
 from typing import Any
 
 from envs.autoresearch.data import DATASETS
-from envs.autoresearch.env import MAX_ACTION_CHARS, AutoresearchEnv, Task, knob_table, parse_command
+from envs.autoresearch.env import (
+    MAX_ACTION_CHARS,
+    AutoresearchEnv,
+    Task,
+    knob_table,
+    parse_command,
+    read_job_report,
+)
 from envs.autoresearch.expert import CoordinateSearchExpert
 from envs.autoresearch.train import KNOBS, Config, Oracle, Problem
 from envs.base import (
     Expert,
+    MetricReading,
     ParsedAction,
     PromptContext,
     answer_instruction,
@@ -146,3 +154,7 @@ class AutoresearchSpec:
 
     def render_prompt(self, ctx: PromptContext) -> str:
         return self.render_template(ctx)
+
+    def read_metric(self, observation: str) -> MetricReading | None:
+        """A step's validation accuracy (percent) and whether its change was kept (envs.base.MetricReader)."""
+        return read_job_report(observation)

@@ -16,11 +16,19 @@ import pytest
 
 from envs import ENVS, make_env_spec
 from envs.autoresearch.data import DATASETS, load_dataset
-from envs.autoresearch.env import AutoresearchEnv, Task, parse_command
+from envs.autoresearch.env import AutoresearchEnv, Task, job_report, parse_command, read_job_report
 from envs.autoresearch.expert import CoordinateSearchExpert
 from envs.autoresearch.spec import SPLIT_STARTS, THRESHOLDS, make_task, start_config
 from envs.autoresearch.train import KNOB_NAMES, KNOB_VALUES, KNOBS, Oracle, Problem, config_from, train_job
-from envs.base import ParsedAction, PromptContext, RelabellingExpert, StepOutcome, answer_instruction
+from envs.base import (
+    MetricReader,
+    MetricReading,
+    ParsedAction,
+    PromptContext,
+    RelabellingExpert,
+    StepOutcome,
+    answer_instruction,
+)
 from envs.pool import EnvPool
 from turnopd.config import EnvConfig
 
@@ -243,6 +251,22 @@ def test_bad_actions_are_invalid_run_nothing_and_list_the_knobs() -> None:
     assert outcome.info["turns_left"] == 20 - len(BAD_ACTIONS)  # but a turn each
     assert env.step("set lr 0.003").observation.startswith("Invalid action: lr is already 0.003.")
     assert env.step("set lr 3e-2").info["invalid"] is False and oracle.jobs == 2
+
+
+def test_a_steps_metric_reads_back_from_its_observation(spec) -> None:
+    """read_job_report (the spec's read_metric) gives back what the env wrote: the accuracy in percent
+    and kept; nothing for an invalid action or a submit."""
+    assert isinstance(spec, MetricReader)
+    env = short_env(max_turns=5)
+    env.reset("short")
+    for action in ("set lr 0.03", "set lr 0.0003"):  # kept, then reverted (test_keep_or_revert's premise)
+        outcome = env.step(action)
+        assert spec.read_metric(outcome.observation) == MetricReading(round(100 * outcome.info["accuracy"], 2),
+                                                                      outcome.info["kept"])
+    assert [spec.read_metric(env.step(a).observation) for a in ("set lr 0.5", "submit")] == [None, None]
+    diverged = job_report("lr", "0.3", "0.01", 0.1, True, -0.25, False) + " Best accuracy 35.00% ..."
+    assert "diverged" in diverged and read_job_report(diverged) == MetricReading(10.0, False)
+    assert read_job_report("continue\n" + diverged) is None  # the observation alone, from its start
 
 
 def test_admissible_actions_are_every_single_change_and_submit() -> None:

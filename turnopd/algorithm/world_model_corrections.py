@@ -19,7 +19,7 @@ stay honest, each in two forms (world_model.debias, world_model.denoise):
    between calibrated model scores and real ones (`group_disagreement`, `InverseVarianceWeighter`).
 
 Which groups are anchors is `anchor_groups` (WMRL's wmrl/anchor.py). And the fidelity measures of a
-world model against the real env (`token_f1`, `expected_calibration_error`).
+world model against the real env (`token_f1`, `expected_calibration_error`, `auroc`).
 """
 
 from __future__ import annotations
@@ -376,3 +376,18 @@ def expected_calibration_error(probabilities: Sequence[float], labels: Sequence[
         binned.setdefault(min(int(p * bins), bins - 1), []).append((p, bool(label)))
     return sum(len(items) * abs(_mean([float(y) for _, y in items]) - _mean([p for p, _ in items]))
                for items in binned.values()) / len(probabilities)
+
+
+def auroc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
+    """Area under the ROC curve of `scores` for binary `labels` (Mann-Whitney): over every pair of a
+    positive and a negative example, the share where the positive scores higher, a tie counting
+    one half, AUROC = (#{s_pos > s_neg} + #{s_pos = s_neg} / 2) / (n_pos n_neg); 1 ranks every
+    positive first, 0.5 is chance. None (undefined) without both a positive and a negative."""
+    if len(scores) != len(labels):
+        raise ValueError(f"{len(scores)} scores for {len(labels)} labels")
+    positives = [s for s, label in zip(scores, labels, strict=True) if label]
+    negatives = [s for s, label in zip(scores, labels, strict=True) if not label]
+    if not positives or not negatives:
+        return None
+    wins = sum((p > n) + 0.5 * (p == n) for p in positives for n in negatives)
+    return wins / (len(positives) * len(negatives))

@@ -19,7 +19,11 @@
    the errors show. Then whole episodes: each held-out episode's actions replayed greedily in the
    model from its first observation, each after the model's own answers (as in a model episode and
    as Online Debiasing's `replay` verdict does), against the real ending: where per-step errors
-   compound into an easier or harder env.
+   compound into an easier or harder env. For an env whose steps report a metric (envs.base.MetricReader:
+   autoresearch's validation accuracy), on the held-out steps that report one: the mean absolute
+   error of the metric the greedy answer writes, and for the event "the change helps" (the env kept
+   it) the AUROC and ECE of P(helps), the share of `metric_samples` answers sampled at temperature 1
+   that say it helps.
 4. Output: the model and its tokenizer in Hugging Face format in output_dir, and world_model.json:
    the env and prompt settings it was trained for, what it was trained on, the fidelity table.
 """
@@ -38,7 +42,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from envs import make_env_spec
-from envs.base import EnvSpec
+from envs.base import EnvSpec, MetricReader, MetricReading
 from envs.demonstrations import collect_demonstrations, demo_tasks
 from envs.pool import EnvPool
 from envs.transitions import (
@@ -50,7 +54,7 @@ from envs.transitions import (
     trajectory_transitions,
     transition_prompt,
 )
-from turnopd.algorithm.world_model_corrections import expected_calibration_error, token_f1
+from turnopd.algorithm.world_model_corrections import auroc, expected_calibration_error, token_f1
 from turnopd.config import (
     EnvConfig,
     LossConfig,
@@ -72,6 +76,7 @@ from turnopd.rollout.world_model_pool import Verdict, WorldModelPool, listed
 
 WORLD_MODEL_FORMAT = 1  # the prompt/answer text of envs.transitions
 HELD_OUT_SALT = 7_777  # the held-out student episodes' sampling seed, apart from the training ones'
+HELPS_ECE_BINS = 10  # equal-width bins of P(the change helps)
 
 
 @dataclass
@@ -97,6 +102,7 @@ class WorldModelConfig:
     data: TransitionDataConfig = field(default_factory=TransitionDataConfig)
     history_length: int = field(default=1, metadata={"range": (0, None)})  # (observation, action) pairs in the prompt
     max_observation_tokens: int = field(default=160, metadata={"range": (1, None)})
+    metric_samples: int = field(default=8, metadata={"range": (1, None)})  # answers per step behind P(helps)
     batch_turns: int = field(default=32, metadata={"range": (1, None)})
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(steps=300, lr=1e-3))
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -208,14 +214,65 @@ def fidelity_table(transitions: list[Transition], answers: list[str],
                    probabilities: list[dict[str, float]]) -> dict[str, FidelityRow]:
     """Rows "all", "source=<expert|student>" and "verb=<first word of the action>" (most frequent first)."""
     items = list(zip(transitions, answers, probabilities, strict=True))
-    groups: dict[str, list[Any]] = {"all": items}
-    for item in items:
-        groups.setdefault(f"source={item[0].source}", []).append(item)
+    groups = by_source(items, lambda item: item[0].source)
     verbs: dict[str, list[Any]] = {}
     for item in items:
         verbs.setdefault(f"verb={(item[0].action.split() or [''])[0]}", []).append(item)
     groups.update(sorted(verbs.items(), key=lambda kv: -len(kv[1])))
     return {key: fidelity_row(group, calibration=not key.startswith("verb=")) for key, group in groups.items()}
+
+
+def by_source(items: list[Any], source: Any) -> dict[str, list[Any]]:
+    """{"all": items, "source=<source(item)>": those items, ...} in order of first appearance."""
+    groups: dict[str, list[Any]] = {"all": items}
+    for item in items:
+        groups.setdefault(f"source={source(item)}", []).append(item)
+    return groups
+
+
+def answer_observation(answer: str) -> str:
+    """The observation of a world model's answer (the whole text when it has no status line)."""
+    parsed = parse_world_answer(answer)
+    return answer if parsed is None else parsed[1]
+
+
+@dataclass
+class MetricRow:
+    changes: int  # held-out steps whose real answer reports a metric (a scored change)
+    helped: int  # of them, those where the change helped (the env kept it)
+    parsed: int  # of them, those whose greedy answer reports a metric too
+    metric_mae: float | None  # mean |predicted - real| metric over the parsed ones, in the env's units
+    helps_auroc: float | None  # AUROC of P(helps) for "it helped"; None with one class only
+    helps_ece: float  # ECE of P(helps), HELPS_ECE_BINS equal-width bins
+
+
+def metric_row(items: list[tuple[MetricReading, MetricReading | None, float]]) -> MetricRow:
+    """One row of the metric table from (the real reading, the greedy answer's reading or None, the
+    model's P(helps)): MAE = mean |m_pred - m_real| over the steps whose answer reports a metric."""
+    errors = [abs(pred.metric - real.metric) for real, pred, _ in items if pred is not None]
+    labels, probabilities = [real.helps for real, _, _ in items], [p for _, _, p in items]
+    return MetricRow(len(items), sum(labels), len(errors), statistics.fmean(errors) if errors else None,
+                     auroc(probabilities, labels), expected_calibration_error(probabilities, labels, HELPS_ECE_BINS))
+
+
+def metric_table(reader: MetricReader, transitions: list[Transition], answers: list[str],
+                 samples: list[list[str]]) -> dict[str, MetricRow]:
+    """Rows "all" and "source=<expert|student>" over the transitions whose real next observation
+    reports a metric; `answers` are the greedy answers to those transitions, `samples` each one's
+    sampled answers, P(helps) being the share of them whose observation reads as helping (an answer
+    that reports no metric does not say it helps). Empty when no transition reports a metric."""
+    items = []
+    for t, answer, sampled in zip(transitions, answers, samples, strict=True):
+        real = reader.read_metric(t.next_observation)
+        if real is None:
+            continue
+        readings = [reader.read_metric(answer_observation(a)) for a in sampled]
+        helps = sum(r is not None and r.helps for r in readings) / len(readings)
+        items.append((t, (real, reader.read_metric(answer_observation(answer)), helps)))
+    if not items:
+        return {}
+    return {key: metric_row([item for _, item in group])
+            for key, group in by_source(items, lambda item: item[0].source).items()}
 
 
 @dataclass
@@ -235,12 +292,8 @@ def replay_table(episodes: list[list[Transition]], verdicts: list[Verdict]) -> d
     success None: no usable answer)."""
     if len(episodes) != len(verdicts):
         raise ValueError(f"{len(episodes)} episodes for {len(verdicts)} verdicts")
-    items = list(zip(episodes, verdicts, strict=True))
-    groups: dict[str, list[tuple[list[Transition], Verdict]]] = {"all": items}
-    for item in items:
-        groups.setdefault(f"source={item[0][0].source}", []).append(item)
     rows = {}
-    for key, group in groups.items():
+    for key, group in by_source(list(zip(episodes, verdicts, strict=True)), lambda item: item[0][0].source).items():
         judged = [(episode, v) for episode, v in group if v.success is not None]
         if not judged:
             rows[key] = ReplayRow(0, math.nan, math.nan, math.nan, math.nan, math.nan, no_verdict=len(group))
@@ -269,9 +322,11 @@ def replay_episodes(spec: EnvSpec, policy: Any, episodes: list[list[Transition]]
 
 
 def measure_fidelity(model_dir: Path, transitions: list[Transition], prompts: list[list[int]],
-                     cfg: WorldModelConfig, spec: EnvSpec) -> tuple[dict[str, FidelityRow], dict[str, ReplayRow]]:
+                     cfg: WorldModelConfig, spec: EnvSpec
+                     ) -> tuple[dict[str, FidelityRow], dict[str, ReplayRow], dict[str, MetricRow] | None]:
     """The world model in model_dir on held-out transitions (`prompts`: their token ids): greedy
-    answers and status probabilities, and the episode replays, from one loaded copy of the model."""
+    answers and status probabilities, the episode replays and, for an env that reports a metric, the
+    metric table (None otherwise), from one loaded copy of the model."""
     model, tokenizer = load_model(model_dir, "float32")  # on the run's device
     greedy = PolicyConfig(backend=cfg.policy.backend, temperature=0.0, max_new_tokens=cfg.max_observation_tokens,
                           stop=[], max_batch_size=cfg.policy.max_batch_size)
@@ -281,9 +336,15 @@ def measure_fidelity(model_dir: Path, transitions: list[Transition], prompts: li
             temperature=0.0, max_new_tokens=cfg.max_observation_tokens, stop=(), seed=cfg.seed))]
         episodes = split_episodes(transitions)
         replays = replay_table(episodes, replay_episodes(spec, policy, episodes, cfg))
+        metric = None
+        if isinstance(spec, MetricReader):
+            k = cfg.metric_samples
+            sampled = [g.text for g in generate_all(policy, [p for p in prompts for _ in range(k)], SamplingParams(
+                temperature=1.0, max_new_tokens=cfg.max_observation_tokens, stop=(), seed=cfg.seed))]
+            metric = metric_table(spec, transitions, answers, [sampled[i * k:(i + 1) * k] for i in range(len(prompts))])
     finally:
         policy.close()
-    return fidelity_table(transitions, answers, status_probabilities(model, tokenizer, prompts)), replays
+    return fidelity_table(transitions, answers, status_probabilities(model, tokenizer, prompts)), replays, metric
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,6 +364,7 @@ class WorldModelResult:
     held_out_split: str
     fidelity: dict[str, FidelityRow]
     replay: dict[str, ReplayRow]  # the held-out episodes replayed in the model
+    metric: dict[str, MetricRow] | None  # for an env whose steps report a metric (envs.base.MetricReader)
     data_time_s: float  # building the model (if missing), playing the episodes (demonstrations are cached)
     wall_time_s: float
 
@@ -347,12 +409,12 @@ def run_world_model_train(cfg: WorldModelConfig) -> WorldModelResult:
     save_model(trainer, tokenizer, output)
     del trainer, model
 
-    fidelity, replay = measure_fidelity(output, held_out, held_out_prompts, cfg, spec)
+    fidelity, replay, metric = measure_fidelity(output, held_out, held_out_prompts, cfg, spec)
     final = [loss for loss, _ in losses[-10:]]
     result = WorldModelResult(
         output_dir=str(output), train_transitions=sources, answer_tokens=sum(len(ex.answer_ids) for ex in examples),
         steps=len(losses), first_loss=losses[0][0], final_loss=statistics.fmean(final),
-        train_time_s=sum(t for _, t in losses), held_out_split=held_out_split, fidelity=fidelity, replay=replay,
+        train_time_s=sum(t for _, t in losses), held_out_split=held_out_split, fidelity=fidelity, replay=replay, metric=metric,
         data_time_s=data_time, wall_time_s=time.perf_counter() - wall_start)
     meta = {"format": WORLD_MODEL_FORMAT, "env": cfg.env.name, "env_options": cfg.env.options,
             "history_length": cfg.history_length, "max_observation_tokens": cfg.max_observation_tokens,
@@ -385,13 +447,13 @@ def run_world_model_eval(cfg: WorldModelConfig) -> WorldModelResult:
     data_time = time.perf_counter() - wall_start
     tokenizer = AutoTokenizer.from_pretrained(output)
     prompts = [chat_prompt_ids(tokenizer, transition_prompt(t)) for t in held_out]
-    fidelity, replay = measure_fidelity(output, held_out, prompts, cfg, spec)
+    fidelity, replay, metric = measure_fidelity(output, held_out, prompts, cfg, spec)
     trained = meta["result"]
     result = WorldModelResult(
         output_dir=str(output), train_transitions=trained["train_transitions"],
         answer_tokens=trained["answer_tokens"], steps=trained["steps"], first_loss=trained["first_loss"],
         final_loss=trained["final_loss"], train_time_s=trained["train_time_s"], held_out_split=held_out_split,
-        fidelity=fidelity, replay=replay, data_time_s=data_time, wall_time_s=time.perf_counter() - wall_start)
+        fidelity=fidelity, replay=replay, metric=metric, data_time_s=data_time, wall_time_s=time.perf_counter() - wall_start)
     meta["result"] = asdict(result)
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     print_world_model_summary(cfg, result)
@@ -424,5 +486,16 @@ def print_world_model_summary(cfg: WorldModelConfig, r: WorldModelResult) -> Non
                         f"{100 * row.same_ending:.1f}%", f"{row.turns_real:.1f}", f"{row.turns_replayed:.1f}",
                         str(row.no_verdict))
     console.print(replays)
+    if r.metric:
+        metrics = Table(title="held-out scored changes: the metric the greedy answer writes against the env's, and "
+                              "P(the change helps) (the share of sampled answers that say it was kept) against "
+                              f"whether it was ({HELPS_ECE_BINS} ECE bins)")
+        for column in ("", "changes", "helped", "metric written", "metric MAE", "AUROC helps", "ECE helps"):
+            metrics.add_column(column, justify="right" if column else "left")
+        for key, m in r.metric.items():
+            metrics.add_row(key, str(m.changes), str(m.helped), str(m.parsed),
+                            "-" if m.metric_mae is None else f"{m.metric_mae:.2f}",
+                            "-" if m.helps_auroc is None else f"{m.helps_auroc:.3f}", f"{m.helps_ece:.3f}")
+        console.print(metrics)
     console.print(f"world model: {r.output_dir} (world_model.json holds these tables); wall clock {r.wall_time_s:.0f} s "
                   f"(model build and episodes {r.data_time_s:.0f} s)")
