@@ -1,15 +1,22 @@
 """An autoresearch world model (slow): trained for a few steps on a few real transitions (every step
-a real training job), its held-out fidelity report grades the metric it predicts."""
+a real training job), its held-out fidelity report grades the metric it predicts; and on the
+autoresearch env, the outcome-reward term and WMRL's corrections each run 2 real distillation steps."""
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 import envs.demonstrations
-from tests.conftest import TINY_MODEL_SIZE
+from tests.conftest import LAUNCHER_VARIABLES, TINY_MODEL_SIZE
+from turnopd.core.metrics import read_metrics
 from turnopd.orchestration.world_model_training import (
     load_world_model_recipe,
     run_world_model_eval,
@@ -19,30 +26,85 @@ from turnopd.orchestration.world_model_training import (
 pytestmark = pytest.mark.slow
 
 
-def test_an_autoresearch_world_model_is_graded_on_the_metric(tmp_path, monkeypatch, capsys):
-    # its own demonstrations and job results: 2-turn expert episodes on 2 train tasks and 1 test task
-    monkeypatch.setenv("TURNOPD_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(envs.demonstrations, "DEMOS_DIR", tmp_path / "demos")
-    env = {"name": "autoresearch", "max_turns": 2, "num_workers": 1, "answer_format": "action", "history_length": 1,
-           "eval_split": "test", "options": {"disk_cache": True}}
-    recipe = tmp_path / "world_model.yaml"
-    recipe.write_text(yaml.safe_dump({
-        "name": "wm-autoresearch-smoke", "env": env,
-        "model": {"path": str(tmp_path / "wm-init"), "prepare": "tiny",
-                  "prepare_options": {"env": env, "corpus_episodes": 2, **TINY_MODEL_SIZE}},
-        "data": {"expert_episodes": 2, "held_out_episodes": 1},
-        "metric_samples": 2, "batch_turns": 4, "trainer": {"steps": 4, "lr": 3.0e-3},
-        "output_dir": str(tmp_path / "world-model"),
-    }))
-    result = run_world_model_train(load_world_model_recipe(str(recipe)))
-    assert "held-out scored changes" in capsys.readouterr().out
+ENV = {"name": "autoresearch", "max_turns": 2, "num_workers": 1, "answer_format": "action", "history_length": 1,
+       "eval_split": "test", "options": {"disk_cache": True}}
+# a second turn's prompt holds the first turn's observation: ~1,100 tokens of the env's own tokenizer
+MODEL_SIZE = {**TINY_MODEL_SIZE, "max_position_embeddings": 2048}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Its own demonstrations and job results (2-turn expert episodes on 2 train tasks and 1 test
+    task), a tiny model with the env's tokenizer, and a world model trained from it for 4 steps:
+    (root, the train result, what it printed)."""
+    root = tmp_path_factory.mktemp("wm-autoresearch")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TURNOPD_CACHE", str(root / "cache"))
+        patch.setattr(envs.demonstrations, "DEMOS_DIR", root / "demos")
+        recipe = root / "world_model.yaml"
+        recipe.write_text(yaml.safe_dump({
+            "name": "wm-autoresearch-smoke", "env": ENV,
+            "model": {"path": str(root / "wm-init"), "prepare": "tiny",
+                      "prepare_options": {"env": ENV, "corpus_episodes": 2, **MODEL_SIZE}},
+            "data": {"expert_episodes": 2, "held_out_episodes": 1},
+            "metric_samples": 2, "batch_turns": 4, "trainer": {"steps": 4, "lr": 3.0e-3},
+            "output_dir": str(root / "world-model"),
+        }))
+        result = run_world_model_train(load_world_model_recipe(str(recipe)))
+    return root, result
+
+
+def test_an_autoresearch_world_model_is_graded_on_the_metric(world, capsys, monkeypatch):
+    root, result = world
     assert result.metric is not None and list(result.metric) == ["all", "source=expert"]
     row = result.metric["all"]
     # the expert's 2 moves on the test task each ran a job, and it plays only changes the env keeps
     assert row.changes == 2 and row.helped == 2 and row.helps_auroc is None
     assert 0 <= row.parsed <= row.changes and (row.metric_mae is None) == (row.parsed == 0)
     assert 0.0 <= row.helps_ece <= 1.0
-    meta = json.loads((tmp_path / "world-model" / "world_model.json").read_text())
+    meta = json.loads((root / "world-model" / "world_model.json").read_text())
     assert meta["env"] == "autoresearch" and meta["result"]["metric"]["all"]["changes"] == 2
-    again = run_world_model_eval(load_world_model_recipe(str(recipe)))  # the same held-out steps, graded again
+    monkeypatch.setenv("TURNOPD_CACHE", str(root / "cache"))
+    again = run_world_model_eval(load_world_model_recipe(str(root / "world_model.yaml")))  # graded again
+    assert "held-out scored changes" in capsys.readouterr().out
     assert again.metric is not None and again.metric["all"].changes == 2
+
+
+def distill(root: Path, name: str, *overrides: str) -> list[dict]:
+    """2 real steps of 4 two-turn autoresearch episodes, student and teacher the world model's tiny
+    base (the env's tokenizer); the train records."""
+    (root / "teacher.yaml").write_text(f"name: tiny\nmodel: {root / 'wm-init'}\nbackend: transformers\n"
+                                       "dtype: float32\nmax_length: 2048\n")
+    (root / "recipe.yaml").write_text(yaml.safe_dump({
+        "name": "ar", "output_dir": str(root / "runs"), "env": ENV, "student": {"path": str(root / "wm-init")},
+        "teachers": {"autoresearch": str(root / "teacher.yaml")}, "policy": {"max_new_tokens": 8},
+        "depth": {"warmup_steps": 1, "probe_every": 2, "num_probes": 1, "min_successes": 1},
+        "trainer": {"steps": 2, "episodes_per_step": 4, "lr": 1.0e-3},
+        "eval": {"max_tasks": 1, "at_start": False}, "tracking": []}))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TURNOPD_CACHE": str(root / "cache")}
+    for key in LAUNCHER_VARIABLES:
+        env.pop(key, None)
+    done = subprocess.run([sys.executable, "-m", "turnopd.cli", "distill", str(root / "recipe.yaml"), f"name={name}",
+                           *overrides], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [r for r in read_metrics(root / "runs" / name / "metrics.jsonl") if r.get("kind") == "train"]
+
+
+@pytest.mark.parametrize("name, overrides", [
+    ("reward", ["objective.estimator=k1", "objective.reward_weight=0.5", "trainer.group_size=2"]),
+    ("isotonic", ["world_model.debias=isotonic"]),
+    ("anchor_weight", ["world_model.denoise=anchor_weight", "trainer.group_size=2"]),
+])
+def test_the_reward_term_and_wmrl_corrections_run_two_steps_on_autoresearch(world, name, overrides):
+    root, _ = world
+    uses_world_model = name != "reward"
+    train = distill(root, name, *overrides,
+                    *([f"world_model.path={root / 'world-model'}", "world_model.temperature=0.3"] if uses_world_model else []))
+    assert [r["step"] for r in train] == [1, 2]
+    assert all(math.isfinite(r["loss"]) and not r["skipped"] for r in train)
+    if name == "reward":  # no world model: every episode real
+        assert all(r.get("world_model_episodes") is None for r in train)
+    if name == "isotonic":  # fewer than 200 pairs: the map is still the identity, and said so
+        assert all(r["world_model_calibrated"] is False for r in train)
+    if name == "anchor_weight":  # 2 groups a step: at least 1 anchor group, weight 1 before 32 groups
+        assert all(r["world_model_anchor_groups"] >= 1 and r["world_model_anchor_weight"] == 1.0 for r in train)
