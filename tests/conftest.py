@@ -71,6 +71,15 @@ def loop_models(root: Path, tiny_model_dir: Path, recipe: str) -> Path:
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
+def child_env(**overrides: str) -> dict[str, str]:
+    """The environment of a test's `turnopd` subprocess: this one's, one thread (unless overridden),
+    without the launcher variables this process may have set for a one-process group of its own."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **overrides}
+    for key in LAUNCHER_VARIABLES:
+        env.pop(key, None)
+    return env
+
+
 @pytest.fixture(autouse=True)
 def _launcher_variables_restored():
     """Leave os.environ's launcher variables as each test found them, for later tests' subprocesses."""

@@ -5,14 +5,13 @@ built under 1 and 2 threads; each build records its fingerprint and what it was 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import LAUNCHER_VARIABLES
+from tests.conftest import child_env
 from turnopd.models import BUILD_INFO, weights_fingerprint
 
 pytestmark = pytest.mark.slow
@@ -29,9 +28,7 @@ prepare_model("sft", out, recipe="recipes/alfworld/teacher_sft.yaml", overrides=
 
 
 def _build(root: Path, threads: int) -> Path:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
-    for key in LAUNCHER_VARIABLES:
-        env.pop(key, None)
+    env = child_env(OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1")
     out = root / f"threads{threads}"
     done = subprocess.run([sys.executable, "-c", BUILD, str(out), str(root / f"tiny{threads}")], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=900)

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import LAUNCHER_VARIABLES, loop_models
+from tests.conftest import child_env, loop_models
 from turnopd.config import RecipeError, algorithm_registries
 from turnopd.core.metrics import read_metrics
 from turnopd.orchestration.preflight import check_setup
@@ -150,7 +149,7 @@ def test_refused_before_any_heavy_work(models, about, overrides, backend, messag
 
 
 def _distill(models: Path, name: str, overrides: list[str]) -> list[dict]:
-    env = {**{k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}, "OMP_NUM_THREADS": "1"}
+    env = child_env()
     run = subprocess.run([sys.executable, "-m", "turnopd.cli", "distill", str(models / "recipe.yaml"), f"name={name}",
                           *overrides], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

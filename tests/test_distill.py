@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import LAUNCHER_VARIABLES, loop_models
+from tests.conftest import child_env, loop_models
 from tests.test_faults import fill, small_disk
 from turnopd.config import RecipeError
 from turnopd.core.checkpoint import list_checkpoints
@@ -69,16 +69,9 @@ def test_resume_refuses_a_different_recipe(models, tmp_path):
 
 
 def _distill(models: Path, *args: str, env_extra: dict[str, str] | None = None, **popen) -> subprocess.Popen:
-    env = {**_child_env(), **(env_extra or {})}
+    env = {**child_env(), **(env_extra or {})}
     return subprocess.Popen([sys.executable, "-m", "turnopd.cli", "distill", str(models / "recipe.yaml"), *args],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
-
-
-def _child_env() -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for key in LAUNCHER_VARIABLES:
-        env.pop(key, None)  # this process may have joined a one-process group of its own (torchrun sets them)
-    return env
 
 
 def _train_records(run_dir: Path) -> list[dict]:
@@ -352,7 +345,7 @@ def test_data_parallel_under_torchrun(models):
     (episodes_per_step is global), evaluation tasks sharded and gathered. Then the same as two
     "nodes" of one process each (two torchrun launches, --nnodes 2 with --node-rank 0 and 1 and a
     static rendezvous on 127.0.0.1, as on a cluster): the same losses."""
-    out = subprocess.run(_torchrun(["--nproc-per-node", "2"], models, "dp"), env=_child_env(),
+    out = subprocess.run(_torchrun(["--nproc-per-node", "2"], models, "dp"), env=child_env(),
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     records = read_metrics(models / "runs" / "dp" / "metrics.jsonl")
@@ -368,7 +361,7 @@ def test_data_parallel_under_torchrun(models):
     # SIGTERM to torchrun, which passes it to both ranks: they stop at the same step boundary (the
     # checkpoint every 2 steps, or the one written on stop), and resuming gives the uninterrupted losses
     stopped_dir = models / "runs" / "dp-stopped"
-    stopped = subprocess.Popen(_torchrun(["--nproc-per-node", "2"], models, "dp-stopped"), env=_child_env(),
+    stopped = subprocess.Popen(_torchrun(["--nproc-per-node", "2"], models, "dp-stopped"), env=child_env(),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _wait_for_step(stopped, stopped_dir, 1)
     stopped.send_signal(signal.SIGTERM)
@@ -380,7 +373,7 @@ def test_data_parallel_under_torchrun(models):
     assert [r["step"] for r in _train_records(stopped_dir)] == list(range(1, step + 1))  # one record per step
     assert _checkpoints(stopped_dir)[-1] == f"step_{step:06d}"
     resumed = subprocess.run([*_torchrun(["--nproc-per-node", "2"], models, "dp-stopped"), "--resume", str(stopped_dir)],
-                             env=_child_env(), capture_output=True, text=True, timeout=900)
+                             env=child_env(), capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     _assert_same_steps(stopped_dir, train)
 
@@ -389,7 +382,7 @@ def test_data_parallel_under_torchrun(models):
         port = sock.getsockname()[1]
     nodes = [subprocess.Popen(_torchrun(["--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(rank),
                                          "--master-addr", "127.0.0.1", "--master-port", str(port)], models, "two-nodes"),
-                              env=_child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank in (0, 1)]
     outs = [node.communicate(timeout=900)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-3000:] for o in outs)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import LAUNCHER_VARIABLES, LOOP_RECIPE, loop_models
+from tests.conftest import LOOP_RECIPE, child_env, loop_models
 from tests.trainer.helpers import reference_loss, reference_token_logprobs
 from turnopd.config import RecipeError
 from turnopd.core.ledger import Ledger
@@ -179,7 +179,7 @@ def models(tmp_path_factory, tiny_model_dir):
 # Set in this process by the trainers the tests build here (rank 0 of 1, a port of its own): a run in a
 # subprocess that inherited them would try to join this process's group.
 def _distill(models: Path, *args: str, **popen) -> subprocess.Popen:
-    env = {**{k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}, "OMP_NUM_THREADS": "1"}
+    env = child_env()
     return subprocess.Popen([sys.executable, "-m", "turnopd.cli", "distill", str(models / "recipe.yaml"), *args],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 import yaml
 
 import envs.demonstrations
-from tests.conftest import LAUNCHER_VARIABLES, TINY_MODEL_SIZE
+from tests.conftest import TINY_MODEL_SIZE, child_env
 from turnopd.core.metrics import read_metrics
 from turnopd.orchestration.world_model_training import (
     load_world_model_recipe,
@@ -35,8 +34,8 @@ MODEL_SIZE = {**TINY_MODEL_SIZE, "max_position_embeddings": 2048}
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """Its own demonstrations and job results (2-turn expert episodes on 2 train tasks and 1 test
-    task), a tiny model with the env's tokenizer, and a world model trained from it for 4 steps:
-    (root, the train result, what it printed)."""
+    task), a tiny model with the env's tokenizer, a world model trained from it for 4 steps, and the
+    distillation recipe of `distill`: (root, the train result)."""
     root = tmp_path_factory.mktemp("wm-autoresearch")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TURNOPD_CACHE", str(root / "cache"))
@@ -51,6 +50,14 @@ def world(tmp_path_factory):
             "output_dir": str(root / "world-model"),
         }))
         result = run_world_model_train(load_world_model_recipe(str(recipe)))
+    (root / "teacher.yaml").write_text(f"name: tiny\nmodel: {root / 'wm-init'}\nbackend: transformers\n"
+                                       "dtype: float32\nmax_length: 2048\n")
+    (root / "recipe.yaml").write_text(yaml.safe_dump({
+        "name": "ar", "output_dir": str(root / "runs"), "env": ENV, "student": {"path": str(root / "wm-init")},
+        "teachers": {"autoresearch": str(root / "teacher.yaml")}, "policy": {"max_new_tokens": 8},
+        "depth": {"warmup_steps": 1, "probe_every": 2, "num_probes": 1, "min_successes": 1},
+        "trainer": {"steps": 2, "episodes_per_step": 4, "lr": 1.0e-3},
+        "eval": {"max_tasks": 1, "at_start": False}, "tracking": []}))
     return root, result
 
 
@@ -71,21 +78,11 @@ def test_an_autoresearch_world_model_is_graded_on_the_metric(world, capsys, monk
 
 
 def distill(root: Path, name: str, *overrides: str) -> list[dict]:
-    """2 real steps of 4 two-turn autoresearch episodes, student and teacher the world model's tiny
-    base (the env's tokenizer); the train records."""
-    (root / "teacher.yaml").write_text(f"name: tiny\nmodel: {root / 'wm-init'}\nbackend: transformers\n"
-                                       "dtype: float32\nmax_length: 2048\n")
-    (root / "recipe.yaml").write_text(yaml.safe_dump({
-        "name": "ar", "output_dir": str(root / "runs"), "env": ENV, "student": {"path": str(root / "wm-init")},
-        "teachers": {"autoresearch": str(root / "teacher.yaml")}, "policy": {"max_new_tokens": 8},
-        "depth": {"warmup_steps": 1, "probe_every": 2, "num_probes": 1, "min_successes": 1},
-        "trainer": {"steps": 2, "episodes_per_step": 4, "lr": 1.0e-3},
-        "eval": {"max_tasks": 1, "at_start": False}, "tracking": []}))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TURNOPD_CACHE": str(root / "cache")}
-    for key in LAUNCHER_VARIABLES:
-        env.pop(key, None)
+    """2 real steps of 4 two-turn autoresearch episodes (the fixture's recipe.yaml: student and teacher
+    the world model's tiny base, with the env's tokenizer); the train records."""
     done = subprocess.run([sys.executable, "-m", "turnopd.cli", "distill", str(root / "recipe.yaml"), f"name={name}",
-                           *overrides], env=env, capture_output=True, text=True, timeout=900)
+                           *overrides], env=child_env(TURNOPD_CACHE=str(root / "cache")), capture_output=True,
+                          text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     return [r for r in read_metrics(root / "runs" / name / "metrics.jsonl") if r.get("kind") == "train"]
 

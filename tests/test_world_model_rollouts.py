@@ -15,7 +15,7 @@ import pytest
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.conftest import LAUNCHER_VARIABLES, TINY_MODEL_SIZE, loop_models
+from tests.conftest import TINY_MODEL_SIZE, child_env, loop_models
 from turnopd.core.metrics import read_metrics
 from turnopd.orchestration.world_model_training import load_world_model_recipe
 
@@ -30,12 +30,7 @@ eval: {{max_tasks: 1, at_start: false}}
 
 
 def _run(*args: str) -> str:
-    import os
-
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for key in LAUNCHER_VARIABLES:
-        env.pop(key, None)
-    done = subprocess.run([sys.executable, "-m", "turnopd.cli", *args], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "turnopd.cli", *args], env=child_env(), capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout

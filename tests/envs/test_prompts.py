@@ -14,7 +14,7 @@ import pytest
 from envs import make_env_spec
 from envs.pool import EnvPool, InlineWorkers
 from envs.prompts.spec import given_answer
-from tests.conftest import LAUNCHER_VARIABLES
+from tests.conftest import child_env
 from turnopd.config import EnvConfig
 from turnopd.core.metrics import read_metrics
 
@@ -141,7 +141,7 @@ def test_two_distillation_steps_on_prompts_inline_and_in_worker_processes(tmp_pa
         f"env: {{name: prompts, max_turns: 1, eval_split: train, num_workers: 1, options: {{files: {{train: {data}}}}}}}\n"
         "policy: {max_new_tokens: 6}\ndepth: {mode: full, h_min: 1}\nloss: {mode: token_mean}\n"
         "trainer: {steps: 2, episodes_per_step: 4, lr: 1.0e-3}\neval: {max_tasks: 2, at_start: false}\n")
-    env = {**{k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}, "OMP_NUM_THREADS": "1"}
+    env = child_env()
     records = {}
     for pool in ("inline", "local"):
         run = subprocess.run([sys.executable, "-m", "turnopd.cli", "distill", str(tmp_path / "recipe.yaml"),

@@ -24,7 +24,7 @@ from envs import make_env_spec  # noqa: E402
 from envs.demonstrations import play_experts  # noqa: E402
 from envs.pool import EnvPool  # noqa: E402
 from envs.ray_pool import RayWorkers  # noqa: E402
-from tests.conftest import LAUNCHER_VARIABLES, loop_models  # noqa: E402
+from tests.conftest import child_env, loop_models  # noqa: E402
 from tests.envs.test_pool import ScriptedSpec, survives_a_killed_and_a_stopped_worker  # noqa: E402
 from turnopd.config import EnvConfig, PolicyConfig, RayEnvConfig  # noqa: E402
 from turnopd.core.metrics import read_metrics  # noqa: E402
@@ -158,7 +158,7 @@ def test_two_distillation_steps_with_env_actors(cluster, tmp_path_factory, tiny_
     recipe = ("name: ray\ndepth: {{warmup_steps: 1, probe_every: 1, min_successes: 1}}\n"
               "trainer: {{steps: 2, episodes_per_step: 2, lr: 1.0e-3}}\neval: {{max_tasks: 1, at_start: false}}\n")
     models = loop_models(tmp_path_factory.mktemp("ray-distill"), tiny_model_dir, recipe)
-    env = {**{k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}, "OMP_NUM_THREADS": "1"}
+    env = child_env()
     records = {}
     for pool in ("local", "ray"):
         run = subprocess.run([sys.executable, "-m", "turnopd.cli", "distill", str(models / "recipe.yaml"),

@@ -337,11 +337,13 @@ def measure_fidelity(model_dir: Path, transitions: list[Transition], prompts: li
         episodes = split_episodes(transitions)
         replays = replay_table(episodes, replay_episodes(spec, policy, episodes, cfg))
         metric = None
-        if isinstance(spec, MetricReader):
+        if isinstance(spec, MetricReader):  # samples only for the steps that report a metric (~70% here)
             k = cfg.metric_samples
-            sampled = [g.text for g in generate_all(policy, [p for p in prompts for _ in range(k)], SamplingParams(
+            scored = [i for i, t in enumerate(transitions) if spec.read_metric(t.next_observation) is not None]
+            sampled = [g.text for g in generate_all(policy, [prompts[i] for i in scored for _ in range(k)], SamplingParams(
                 temperature=1.0, max_new_tokens=cfg.max_observation_tokens, stop=(), seed=cfg.seed))]
-            metric = metric_table(spec, transitions, answers, [sampled[i * k:(i + 1) * k] for i in range(len(prompts))])
+            metric = metric_table(spec, [transitions[i] for i in scored], [answers[i] for i in scored],
+                                  [sampled[j * k:(j + 1) * k] for j in range(len(scored))])
     finally:
         policy.close()
     return fidelity_table(transitions, answers, status_probabilities(model, tokenizer, prompts)), replays, metric
