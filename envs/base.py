@@ -76,6 +76,7 @@ class MetricReading:
 
     metric: float
     helps: bool
+    change: float | None = None  # the metric's change against the best before it, as written (None: not written)
 
 
 @runtime_checkable

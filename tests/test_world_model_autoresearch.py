@@ -1,6 +1,7 @@
 """An autoresearch world model (slow): trained for a few steps on a few real transitions (every step
 a real training job), its held-out fidelity report grades the metric it predicts; and on the
-autoresearch env, the outcome-reward term and WMRL's corrections each run 2 real distillation steps."""
+autoresearch env, the outcome-reward term, WMRL's corrections and each judge mode (turnopd.rollout.judge)
+run 2 real distillation steps."""
 
 from __future__ import annotations
 
@@ -105,3 +106,25 @@ def test_the_reward_term_and_wmrl_corrections_run_two_steps_on_autoresearch(worl
         assert all(r["world_model_calibrated"] is False for r in train)
     if name == "anchor_weight":  # 2 groups a step: at least 1 anchor group, weight 1 before 32 groups
         assert all(r["world_model_anchor_groups"] >= 1 and r["world_model_anchor_weight"] == 1.0 for r in train)
+
+
+@pytest.mark.parametrize("by, memory", [("teacher", "none"), ("teacher", "focused"), ("teacher", "full"),
+                                        ("teacher", "summary"), ("teacher_policy", "none"), ("world_model", "none")])
+def test_each_judge_mode_runs_two_steps_on_autoresearch(world, by, memory):
+    """k = 3 candidates a turn; the judge's counts are in each step's record, and the memory file holds
+    exactly the attempts of the steps' real episodes (those whose answer reported a metric)."""
+    root, _ = world
+    name = f"judge-{by}-{memory}"
+    train = distill(root, name, f"judge.by={by}", f"judge.memory={memory}", "judge.k=3",
+                    *([f"world_model.path={root / 'world-model'}", "world_model.real_fraction=1"]
+                      if by == "world_model" else []))
+    assert [r["step"] for r in train] == [1, 2]
+    assert all(math.isfinite(r["loss"]) and not r["skipped"] for r in train)
+    for r in train:
+        stats = r["pipeline"]["judge"]
+        assert set(stats) == {"turns", "pairs", "verdicts", "overrides"}
+        assert 0 <= stats["verdicts"] <= stats["pairs"] and stats["overrides"] <= stats["turns"] <= 4 * 2
+        assert stats["pairs"] >= stats["turns"]  # a judged turn has 2 or 3 distinct candidates: 1 or 3 pairs
+    memory_file = root / "runs" / name / "judge_memory.jsonl"
+    attempts = [json.loads(line) for line in memory_file.read_text().splitlines()] if memory_file.exists() else []
+    assert all(a["task_id"].startswith(("digits", "spirals")) and a["order"][0] in (0, 1) for a in attempts)

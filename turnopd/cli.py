@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "turnopd.commands.model",  # model prepare
     "turnopd.commands.sft",  # sft
     "turnopd.commands.world_model",  # world-model train
+    "turnopd.commands.judge",  # judge bench | judge play
     "turnopd.commands.new",  # new env | new teacher
 ]
 

@@ -330,6 +330,27 @@ class WorldModelRolloutConfig:
 
 
 @dataclass
+class JudgeConfig:
+    """Judge before you run (turnopd.rollout.judge; Rehearse, arXiv 2607.27687): in each real training
+    episode the policy samples `k` candidate actions a turn (the turn's own sample, then k - 1 at
+    `temperature`), a judge compares the distinct valid ones pairwise in both orders and votes only
+    when both orders agree, and the candidate with the most votes runs (the first sample when it
+    abstains on all). `by`: none (no judge), teacher (the recipe's teacher prompted as a judge),
+    teacher_policy (the teacher's log-probability of each candidate as its own answer) or world_model
+    (world_model.path's predicted metric). `memory`: what the judge reads of the run's
+    earlier real attempts of the same task: none, focused (at most `memory_limit` whose change is at
+    least `similarity_threshold` similar to a candidate's), full (all, the last 30), summary (a tally
+    per knob). Evaluations play the student alone."""
+
+    by: str = field(default="none", metadata=_choices("none", "teacher", "teacher_policy", "world_model"))
+    k: int = field(default=4, metadata=_range(2))
+    temperature: float = field(default=1.0, metadata=_range(0.0))
+    memory: str = field(default="none", metadata=_choices("none", "focused", "full", "summary"))
+    similarity_threshold: float = field(default=0.5, metadata=_range(0.0, 1.0))
+    memory_limit: int = field(default=5, metadata=_range(1))  # Rehearse's at most 5 lines
+
+
+@dataclass
 class RunConfig:
     name: str = MISSING
     seed: int = 0
@@ -349,6 +370,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     world_model: WorldModelRolloutConfig = field(default_factory=WorldModelRolloutConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
     # experiment trackers beside metrics.jsonl, any of turnopd.core.tracking's (tensorboard, wandb, mlflow)
     tracking: list[str] = field(default_factory=lambda: ["tensorboard"], metadata=_registered("tracker"))
 
@@ -451,6 +473,21 @@ def check_consistency(cfg: RunConfig) -> None:
         raise RecipeError("recipe key 'world_model.real_fraction': 0 leaves no real training episode to measure "
                           "the world model's bias on (Online Debiasing); use a share above 0, or world_model.path: "
                           "null for real rollouts only")
+    judge = cfg.judge
+    if judge.by != "none" and cfg.pipeline.mode != "sync":
+        raise RecipeError(f"recipe key 'judge.by': {judge.by!r} with pipeline.mode={cfg.pipeline.mode}: the judge "
+                          "decides in the training process's episodes (pipeline.mode: sync), where its teacher or "
+                          "world model is loaded")
+    if judge.by == "world_model" and wm.path is None:
+        raise RecipeError("recipe key 'judge.by': 'world_model' needs a world model: set world_model.path (with "
+                          "world_model.real_fraction: 1 for a judge that is the model's only use)")
+    if judge.by in ("world_model", "teacher_policy") and judge.memory != "none":
+        raise RecipeError(f"recipe key 'judge.memory': {judge.memory!r} with judge.by={judge.by}: its prompt (the "
+                          "world model's transition, the agent's own prompt) has no place for memory lines; use "
+                          "judge.by=teacher for a judge with memory")
+    if judge.by == "none" and judge.memory != "none":
+        raise RecipeError(f"recipe key 'judge.memory': {judge.memory!r} with judge.by=none: there is no judge to "
+                          "read it; set judge.by (teacher or world_model)")
     group = cfg.trainer.group_size
     if cfg.trainer.episodes_per_step % group:
         raise RecipeError(f"recipe key 'trainer.group_size': {group} does not divide trainer.episodes_per_step="

@@ -95,15 +95,17 @@ def job_report(knob: str, value: str, was: str, accuracy: float, diverged: bool,
 
 
 _JOB_REPORT = re.compile(r"Ran \S+=\S+ \(was \S+\): validation accuracy (?P<accuracy>\d+(?:\.\d+)?)%"
-                         rf"(?:{re.escape(DIVERGED)})?, [+-]\d+(?:\.\d+)? points vs the best: (?P<verdict>kept|reverted)\.")
+                         rf"(?:{re.escape(DIVERGED)})?, (?P<change>[+-]\d+(?:\.\d+)?) points vs the best: (?P<verdict>kept|reverted)\.")
 
 
 def read_job_report(observation: str) -> MetricReading | None:
-    """The accuracy (in percent, as written) and whether the change was kept, from an observation that
-    opens with `job_report`'s sentence (the env's, or a world model's imitation of it); None for any
-    other (an invalid action, a submit, text that does not follow the format)."""
+    """The accuracy and its change against the best (in percent and points, as written) and whether the
+    change was kept, from an observation that opens with `job_report`'s sentence (the env's, or a world
+    model's imitation of it); None for any other (an invalid action, a submit, text that does not
+    follow the format)."""
     match = _JOB_REPORT.match(observation)
-    return None if match is None else MetricReading(float(match["accuracy"]), match["verdict"] == "kept")
+    return None if match is None else MetricReading(float(match["accuracy"]), match["verdict"] == "kept",
+                                                    float(match["change"]))
 
 
 class AutoresearchEnv:

@@ -254,18 +254,21 @@ def test_bad_actions_are_invalid_run_nothing_and_list_the_knobs() -> None:
 
 
 def test_a_steps_metric_reads_back_from_its_observation(spec) -> None:
-    """read_job_report (the spec's read_metric) gives back what the env wrote: the accuracy in percent
-    and kept; nothing for an invalid action or a submit."""
+    """read_job_report (the spec's read_metric) gives back what the env wrote: the accuracy in percent,
+    kept, and the change against the best in points; nothing for an invalid action or a submit."""
     assert isinstance(spec, MetricReader)
     env = short_env(max_turns=5)
     env.reset("short")
+    best = env.best
     for action in ("set lr 0.03", "set lr 0.0003"):  # kept, then reverted (test_keep_or_revert's premise)
         outcome = env.step(action)
-        assert spec.read_metric(outcome.observation) == MetricReading(round(100 * outcome.info["accuracy"], 2),
-                                                                      outcome.info["kept"])
+        accuracy = outcome.info["accuracy"]
+        assert spec.read_metric(outcome.observation) == MetricReading(
+            round(100 * accuracy, 2), outcome.info["kept"], round(100 * (accuracy - best), 2))
+        best = max(best, accuracy)
     assert [spec.read_metric(env.step(a).observation) for a in ("set lr 0.5", "submit")] == [None, None]
     diverged = job_report("lr", "0.3", "0.01", 0.1, True, -0.25, False) + " Best accuracy 35.00% ..."
-    assert "diverged" in diverged and read_job_report(diverged) == MetricReading(10.0, False)
+    assert "diverged" in diverged and read_job_report(diverged) == MetricReading(10.0, False, -25.0)
     assert read_job_report("continue\n" + diverged) is None  # the observation alone, from its start
 
 

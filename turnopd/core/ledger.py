@@ -8,7 +8,7 @@ Two kinds of account:
   a probe batch), train (forward/backward/step), weight_sync, eval, checkpoint, trainer_idle (an
   asynchronous pipeline's trainer waiting for the generator process). A phase opened inside another
   is absorbed by the outer one, so a step's phases add up to at most its wall-clock.
-- busy time per resource: generation, env, world_model, teacher (and trainer, the train phase), which the
+- busy time per resource: generation, env, world_model, judge, teacher (and trainer, the train phase), which the
   asynchronous agent loop runs at the same time (episodes generate while others step their env):
       with ledger.busy("env"): await pool.step_slot(...)
   Holders of one resource may overlap (several episodes in the env pool at once); its busy time is
@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 EXCLUDED_FROM_TRAINING = ("eval", "checkpoint")
-RESOURCES = ("generation", "env", "world_model", "teacher", "trainer")
+RESOURCES = ("generation", "env", "world_model", "judge", "teacher", "trainer")
 
 
 class Ledger:

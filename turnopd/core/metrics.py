@@ -49,7 +49,7 @@ class StepRecord:
     # the train phase's parts: teacher (its in-process forward), forward_backward, optimizer (seconds)
     train_parts: dict[str, float] = field(default_factory=dict)
     # mode, weight_version (the trainer's), staleness_max, staleness_mean (versions the trained
-    # trajectories lag it), dropped_stale, queued, generator_restarts (turnopd.orchestration.pipeline)
+    # trajectories lag it), dropped_stale, queued, generator_restarts, judge (turnopd.orchestration.pipeline)
     pipeline: dict[str, Any] = field(default_factory=dict)
     # the turn budget: the cap of the step's non-probe episodes (the horizon on a probe step), whether
     # the depth controller was updated (probed), how many probes played, and the update's H_eff, H_cov

@@ -34,6 +34,7 @@ from turnopd.orchestration.evaluation import evaluate_at_start, evaluate_on_sche
 from turnopd.orchestration.pipeline import BatchPlan, open_rollouts, plan_batch
 from turnopd.orchestration.run_log import step_record
 from turnopd.orchestration.startup import DistillRun, open_run, save_checkpoint
+from turnopd.rollout.judge import open_judge
 from turnopd.rollout.world_model_pool import open_world_model
 
 
@@ -50,7 +51,9 @@ def train(run: DistillRun, stop: StopSignals) -> dict[str, Any]:
     summary: dict[str, Any] = {"run_dir": str(run.run_dir), "start_step": run.start_step, "teacher_eval": None}
     with (EnvPool.for_config(setup.spec, cfg.env) as pool, open_world_model(cfg, setup.spec, pool) as world,
           open_rollouts(cfg, setup, trainer=trainer, policy=run.policy, pool=pool, teachers=run.teachers,
-                        depth=depth, ledger=ledger, start_step=run.start_step, world=world) as rollouts):
+                        depth=depth, ledger=ledger, start_step=run.start_step, world=world,
+                        judge=open_judge(cfg, setup.spec, run.teachers, world, run.run_dir, run.start_step))
+          as rollouts):
         if run.start_step == 0:
             summary.update(stop.abortable(partial(evaluate_at_start, cfg, setup, pool, run.policy, log), {}))
             stop_if_asked(run, stop, run.start_step, checkpointed=True)

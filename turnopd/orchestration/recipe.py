@@ -42,8 +42,18 @@ def check_pipeline(cfg: RunConfig) -> None:
                           f"tokens sampled by older weights, so the {est.name} importance ratio needs a clip (e.g. 0.2)")
 
 
+def check_judge(cfg: RunConfig) -> None:
+    """A judge reads metrics from the env's observations: its memory (the attempts' results) and a world
+    model's predictions need an env that reports one (envs.base.MetricReader)."""
+    needs_metric = cfg.judge.memory != "none" or cfg.judge.by == "world_model"
+    if needs_metric and not hasattr(ENVS.get(cfg.env.name), "read_metric"):
+        raise RecipeError(f"recipe key 'judge': by={cfg.judge.by}, memory={cfg.judge.memory} reads each step's metric "
+                          f"from the observations, and env {cfg.env.name!r} reports none (no read_metric); use "
+                          "judge.by=teacher with judge.memory=none, or an env with a metric (autoresearch)")
+
+
 def validate_recipe(cfg: DictConfig, schema: type = RunConfig,
-                    checks: Sequence[Callable[[Any], None]] = (check_consistency, check_pipeline)) -> Any:
+                    checks: Sequence[Callable[[Any], None]] = (check_consistency, check_pipeline, check_judge)) -> Any:
     """turnopd.config.validate with every backend registry (for any schema: RunConfig, the SFT
     recipe, an env block)."""
     return validate(cfg, schema, checks, BACKEND_REGISTRIES)

@@ -30,6 +30,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from envs.base import EnvSpec, PromptContext, recent_pairs
+from turnopd.algorithm.judge import Decision
 from turnopd.config import EnvConfig
 from turnopd.core.faults import failpoint
 from turnopd.core.types import Trajectory, Turn
@@ -49,7 +50,7 @@ def chat_prompt_ids(tokenizer: Any, user_message: str) -> list[int]:
 
 async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *, slot: int, episode: int,
                        env_config: EnvConfig, sampling: SamplingParams, turn_limit: int, is_probe: bool = False,
-                       ledger: Any = None, replay: Sequence[str] = ()) -> Trajectory:
+                       ledger: Any = None, replay: Sequence[str] = (), judge: Any = None) -> Trajectory:
     """One episode of `task_id` in env-pool slot `slot`, for at most `turn_limit` turns (the batch
     plan's, at most the horizon env_config.max_turns); turn t is sampled with
     request_seed(sampling.seed, episode, t). Stopped by a limit below the horizon with the env not
@@ -59,7 +60,11 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
 
     `replay`: env actions played first, without the policy (a takeover from another episode's state):
     they enter the prompt history but are not turns of the trajectory, whose first turn has index
-    len(replay), and the policy then plays up to `turn_limit` turns of its own."""
+    len(replay), and the policy then plays up to `turn_limit` turns of its own.
+
+    `judge` (a turnopd.rollout.judge.Judge): in a real episode each turn's action is the judge's pick
+    among k sampled candidates (the first being the turn's own sample); its comparisons are the
+    ledger's "judge" busy time."""
     busy = ledger.busy if ledger is not None else (lambda _: nullcontext())
     env = getattr(pool, "ledger_resource", "env")  # a world model's steps are its own busy time, not the env's
     trajectory = Trajectory(task_id=task_id, env_name=spec.name, is_probe=is_probe, task_type=spec.task_type(task_id),
@@ -69,6 +74,8 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
             outcome = await pool.reset_slot(slot, task_id)
         trajectory.world_model = bool(outcome.info.get("world_model"))
         goal = trajectory.goal = outcome.info.get("task", "")
+        first_observation = outcome.observation
+        judging = judge is not None and not trajectory.world_model  # a model step costs no real run to save
         history: list[tuple[str, str]] = []  # (observation, action), all turns
         for action_text in replay:
             if outcome.done:
@@ -91,6 +98,10 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
             with busy("generation"):
                 generation = await policy.generate(prompt, dataclasses.replace(
                     sampling, seed=request_seed(sampling.seed, episode, turn_index)))
+            if judging:
+                generation = await judge.select(policy, prompt, sampling, generation, busy, Decision(
+                    task_id, episode, goal, first_observation, list(history), outcome.observation,
+                    (judge.step, turn_index)))
             action = spec.parse_action(generation.text)
             with busy(env):
                 next_outcome = await pool.step_slot(slot, action.action)
@@ -140,7 +151,7 @@ class SlotPool:
 async def play_all(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *, env_config: EnvConfig,
                    sampling: SamplingParams, turn_limits: Sequence[int] | None = None, probes: int = 0,
                    ledger: Any = None, replays: Sequence[Sequence[str]] | None = None, world: Any = None,
-                   simulated: Sequence[bool] = ()) -> list[Trajectory]:
+                   simulated: Sequence[bool] = (), judge: Any = None) -> list[Trajectory]:
     """`rollout` inside a running event loop."""
     if not tasks:
         raise ValueError("rollout needs at least one task")
@@ -158,7 +169,7 @@ async def play_all(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *
     async def play(i: int, task: str) -> Trajectory:
         episode = functools.partial(play_episode, spec, policy=policy, task_id=task, slot=i, episode=i,
                                     env_config=env_config, sampling=sampling, is_probe=i < probes, ledger=ledger,
-                                    turn_limit=turn_limits[i])
+                                    turn_limit=turn_limits[i], judge=judge)
         judged = world is not None and not simulated[i]  # a real episode the world model gives its verdict on
         # "twin": the same task in the model, played beside it with its sampling streams (a closed loop)
         shadow = world.shadow(pool, slot=i, busy=busy, twin=functools.partial(episode, world)) \
@@ -183,7 +194,7 @@ async def play_all(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *
 def rollout(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *, env_config: EnvConfig,
             sampling: SamplingParams, turn_limits: Sequence[int] | None = None, probes: int = 0,
             ledger: Any = None, replays: Sequence[Sequence[str]] | None = None, world: Any = None,
-            simulated: Sequence[bool] = ()) -> list[Trajectory]:
+            simulated: Sequence[bool] = (), judge: Any = None) -> list[Trajectory]:
     """Play one episode per task id (repeat a task id for several samples of it), all at once in
     slots 0..len(tasks)-1, episode i for at most turn_limits[i] turns (default: the horizon,
     env_config.max_turns, for every one; the batch plan decides them, probes at the horizon:
@@ -193,7 +204,9 @@ def rollout(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *, env_c
     WorldModelPool), episode i plays in it when simulated[i] (never a probe); each other episode gets
     the world model's verdict on it (Trajectory.predicted_success: by world.verdict, the model's answer
     to its last transition, its replay in the model alongside it, or the ending of a twin episode of
-    its task played in the model beside it, not trained on). Returns the trajectories in the order of
-    `tasks`."""
+    its task played in the model beside it, not trained on). With `judge` (turnopd.rollout.judge.Judge)
+    each real episode plays the judge's pick among k candidates a turn (see play_episode). Returns
+    the trajectories in the order of `tasks`."""
     return asyncio.run(play_all(spec, pool, policy, tasks, env_config=env_config, sampling=sampling,
-                                turn_limits=turn_limits, probes=probes, ledger=ledger, replays=replays, world=world, simulated=simulated))
+                                turn_limits=turn_limits, probes=probes, ledger=ledger, replays=replays, world=world, simulated=simulated,
+                                judge=judge))

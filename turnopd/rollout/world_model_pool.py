@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -49,6 +49,7 @@ from turnopd.rollout.engine import chat_prompt_ids
 WORLD_MODEL_META = "world_model.json"
 VERDICTS = ("last_turn", "replay", "twin")  # world_model.verdict: how the model judges a real episode
 REPLAY_STREAM = 2**32 - 1  # a replay's third sampling key: apart from the verdict's 0 and model episodes' 1, 2, ...
+JUDGE_STREAM = 2**32 - 2  # a judge's prediction's third key (turnopd.rollout.judge)
 NO_STATUS = "the world model answered without a status line"
 UNRENDERABLE = "the world model's observation does not fit the env's prompt template"
 TOO_LONG = "the world model's prompt does not fit its context (train it with a shorter history_length)"
@@ -173,6 +174,19 @@ class WorldModelPool:
         if answers is None:
             return Verdict(None, 0)
         return Verdict(sum((p := parse_world_answer(a)) is not None and p[0] == "won" for a in answers) / len(answers), 1)
+
+    async def predict_metric(self, goal: str, first_observation: str, history: Sequence[tuple[str, str]],
+                             observation: str, action: str, keys: tuple[int, ...]) -> float | None:
+        """The metric the model predicts `action` reaches after `history` and `observation` (the judge
+        of turnopd.rollout.judge): the mean of its `samples` answers' readings (spec.read_metric),
+        sampled from the stream (seed, batch, *keys[:1], JUDGE_STREAM, *keys[1:]); None when no answer
+        reports one, or the prompt does not fit the model's context."""
+        answers = await self._sample(
+            world_prompt(goal, first_observation, recent_pairs(history, self.history_length), len(history),
+                         observation, action), (self._batch, *keys[:1], JUDGE_STREAM, *keys[1:]))
+        readings = [r for a in answers or [] if (p := parse_world_answer(a)) is not None
+                    and (r := self.spec.read_metric(p[1])) is not None]
+        return sum(r.metric for r in readings) / len(readings) if readings else None
 
     def shadow(self, real: Any, slot: int, busy: Callable[[str], Any] = lambda _: nullcontext(),
                twin: Callable[[], Awaitable[Trajectory]] | None = None) -> Shadow:

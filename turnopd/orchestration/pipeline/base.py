@@ -24,6 +24,7 @@ class PipelineStats:
     dropped_stale: int = 0  # this step: older than pipeline.max_staleness, dropped untrained
     queued: int = 0  # after the step took its batch: generated and received, not trained yet
     generator_restarts: int = 0  # since the run (re)started
+    judge: dict[str, int] | None = None  # judge block: the step's turnopd.rollout.judge.JudgeStats
 
 
 class Rollouts(Protocol):

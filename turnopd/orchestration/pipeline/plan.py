@@ -25,6 +25,7 @@ from turnopd.core.types import Trajectory
 from turnopd.orchestration.preflight import scoring_topk
 from turnopd.rollout import Policy, SamplingParams
 from turnopd.rollout.engine import rollout
+from turnopd.rollout.judge import Judge
 from turnopd.rollout.world_model_pool import WorldModelPool
 
 # Task draws: salt 0 for a step's rollouts, 1 for its probes, POOL_SALT + start_step for pool waves
@@ -168,16 +169,17 @@ def score(cfg: RunConfig, teachers: dict[str, Teacher], trajectories: list[Traje
 
 
 def play_and_score(cfg: RunConfig, spec: EnvSpec, pool: EnvPool, policy: Policy, teachers: dict[str, Teacher],
-                   episodes: Episodes, ledger: Ledger, world: WorldModelPool | None = None) -> list[Trajectory]:
+                   episodes: Episodes, ledger: Ledger, world: WorldModelPool | None = None, judge: Judge | None = None
+                   ) -> list[Trajectory]:
     """Play the episodes (all at once, each within its turn limit; the simulated ones in `world`) and
     score them (see score). With world_model.samples >= 2 each
     trajectory's loss weight is its inverse-variance factor. The whole is the ledger's "probe" (a
     probe step) or "rollout" phase; inside it, generation, env, world_model and teacher are busy
-    times (the first three overlap)."""
+    times (the first three overlap), and so is a `judge`'s (turnopd.rollout.judge)."""
     with ledger.phase("probe" if episodes.probe else "rollout"):
         trajectories = rollout(spec, pool, policy, episodes.tasks, env_config=cfg.env, sampling=episodes.sampling,
                                turn_limits=episodes.turn_limits, probes=episodes.probes, ledger=ledger, world=world,
-                               simulated=episodes.simulated)
+                               simulated=episodes.simulated, judge=judge)
         if world is not None and cfg.world_model.denoise == "trajectory_variance" and cfg.world_model.samples >= 2:
             weights = inverse_variance_weights([trajectory_variance(t.world_model_disagreements) for t in trajectories],
                                                cfg.world_model.variance_floor)
