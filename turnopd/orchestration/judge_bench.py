@@ -221,6 +221,17 @@ def summarize(verdicts: list[bool | None], keys: list[str], labels: tuple[str, .
     return rows
 
 
+def task_interval(by_task: dict[str, dict[str, Any]], tasks: list[str]) -> dict[str, float] | None:
+    """The mean of the tasks' selective accuracies with its 95% t interval over tasks (None with fewer
+    than 2 tasks that have a verdict)."""
+    from turnopd.analysis.frontier import t_interval
+
+    values = [by_task[t]["selective_accuracy"] for t in tasks if by_task[t]["selective_accuracy"] is not None]
+    interval = t_interval(values)
+    return None if interval is None else {"mean": interval.value, "lo": interval.lo, "hi": interval.hi,
+                                          "min": min(values), "max": max(values), "tasks": len(values)}
+
+
 def cell(row: dict[str, Any]) -> str:
     if not row["pairs"]:
         return "-"
@@ -253,6 +264,27 @@ def open_judges(cfg: RunConfig, spec: EnvSpec, bys: list[str], world_model: str 
     return judges
 
 
+def print_bench(console: Console, results: dict[str, Any], tasks: list[str]) -> None:
+    """The tables by depth and by difference band, then each arm's interval over the tasks."""
+    for title, key, labels in (("by changes kept (depth)", "by_depth", DEPTHS),
+                               ("by |metric difference| (points)", "by_band", tuple(b[2] for b in BANDS))):
+        table = Table(title=f"selective accuracy [95% Wilson] and coverage (verdicts/pairs), {title}")
+        table.add_column("judge / memory")
+        for label in (*labels, "all"):
+            table.add_column(label, justify="right")
+        table.add_column("picks of the first shown", justify="right")
+        for arm, r in results.items():
+            share = r["first_shown_picks"]
+            table.add_row(arm, *(cell(r[key][label]) for label in (*labels, "all")),
+                          "-" if share is None else f"{100 * share:.0f}%")
+        console.print(table)
+    for arm, r in results.items():
+        if r["over_tasks"] is not None:
+            i = r["over_tasks"]
+            console.print(f"{arm}: selective accuracy over the {len(tasks)} tasks' means {100 * i['mean']:.1f}% "
+                          f"(95% t [{100 * i['lo']:.1f}, {100 * i['hi']:.1f}], tasks {100 * i['min']:.0f}-{100 * i['max']:.0f}%)")
+
+
 def run_judge_bench(cfg: RunConfig, *, split: str, max_tasks: int | None, walks: int, max_depth: int,
                     pairs_per_state: int, bys: list[str], memories: list[str], world_model: str | None,
                     output: str | None) -> dict[str, Any]:
@@ -272,6 +304,7 @@ def run_judge_bench(cfg: RunConfig, *, split: str, max_tasks: int | None, walks:
     arms = [(by, m) for by in bys for m in (memories if by == "teacher" else ["none"])]  # the others read none
     results: dict[str, Any] = {}
     depth_keys = [depth_label(states[p.state].depth) for p in pairs]
+    task_keys = [states[p.state].task_id for p in pairs]
     band_keys = [band_label(p.difference) for p in pairs]
     with counter("pairs judged", len(arms) * len(pairs)) as advance:
         for by, memory in arms:
@@ -279,22 +312,14 @@ def run_judge_bench(cfg: RunConfig, *, split: str, max_tasks: int | None, walks:
                                                          cfg.judge.similarity_threshold, cfg.judge.memory_limit, advance))
             results[f"{by}/{memory}"] = {"by_depth": summarize(right, depth_keys, DEPTHS),
                                          "by_band": summarize(right, band_keys, tuple(b[2] for b in BANDS)),
+                                         "by_task": (by_task := summarize(right, task_keys, tuple(tasks))),
+                                         # pairs of a task share its states: the task is the unit of an honest interval
+                                         "over_tasks": task_interval(by_task, tasks),
                                          "first_shown_picks": first_share, "right": right}
-    for title, key, labels in (("by changes kept (depth)", "by_depth", DEPTHS),
-                               ("by |metric difference| (points)", "by_band", tuple(b[2] for b in BANDS))):
-        table = Table(title=f"selective accuracy [95% Wilson] and coverage (verdicts/pairs), {title}")
-        table.add_column("judge / memory")
-        for label in (*labels, "all"):
-            table.add_column(label, justify="right")
-        table.add_column("picks of the first shown", justify="right")
-        for arm, r in results.items():
-            share = r["first_shown_picks"]
-            table.add_row(arm, *(cell(r[key][label]) for label in (*labels, "all")),
-                          "-" if share is None else f"{100 * share:.0f}%")
-        console.print(table)
+    print_bench(console, results, tasks)
     report = {"recipe": cfg.name, "split": split, "tasks": tasks, "walks": walks, "max_depth": max_depth,
               "pairs_per_state": pairs_per_state, "seed": cfg.seed, "states": len(states),
-              "pairs": [asdict(p) | {"depth": states[p.state].depth} for p in pairs],
+              "pairs": [asdict(p) | {"depth": states[p.state].depth, "task_id": states[p.state].task_id} for p in pairs],
               "threshold": cfg.judge.similarity_threshold, "memory_limit": cfg.judge.memory_limit,
               "arms": results, "wall_time_s": time.monotonic() - start}
     path = Path(output or Path(cfg.output_dir) / "judge_bench" / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}.json")
@@ -379,6 +404,35 @@ def play_table(rows: dict[str, dict[str, Any]], target: float, title: str) -> Ta
     return table
 
 
+def play_arm(cfg: RunConfig, spec: EnvSpec, pool: Any, policy: Any, tasks: list[str], seeds: int, arm: str,
+             teacher: Any, advance: Callable[[], None]) -> tuple[list[Episode], dict[str, float]]:
+    """One arm's episodes (each task once per seed, seed s sampling from cfg.seed + 1000 s, a fresh
+    memory per seed) and its clock: wall, busy times, judge calls and counts."""
+    from turnopd.core.ledger import Ledger
+    from turnopd.rollout.base import SamplingParams
+    from turnopd.rollout.engine import rollout
+    from turnopd.rollout.judge import Judge, JudgeStats, OutcomeMemory
+
+    by, memory = PLAY_ARMS[arm]
+    ledger, start, played = Ledger(), time.monotonic(), []
+    judge_by = None if by == "none" else make_judge(by, cfg, spec, teacher, None)
+    stats = JudgeStats()
+    for seed in range(seeds):
+        judge = None if judge_by is None else Judge(
+            spec, judge_by, k=cfg.judge.k, temperature=cfg.judge.temperature, memory=memory,
+            threshold=cfg.judge.similarity_threshold, limit=cfg.judge.memory_limit, outcomes=OutcomeMemory())
+        sampling = SamplingParams(temperature=cfg.policy.temperature, top_p=cfg.policy.top_p,
+                                  max_new_tokens=cfg.policy.max_new_tokens, stop=tuple(cfg.policy.stop),
+                                  seed=cfg.seed + 1000 * seed)
+        for t in rollout(spec, pool, policy, tasks, env_config=cfg.env, sampling=sampling, ledger=ledger, judge=judge):
+            played.append(episode_of(spec, t, seed))
+            advance()
+        if judge is not None:
+            stats = JudgeStats(*(a + b for a, b in zip(astuple(stats), astuple(judge.stats), strict=True)))
+    return played, {"wall_s": time.monotonic() - start, **{f"{r}_s": s for r, s in ledger.busy_totals.items()},
+                    "judge_calls": judge_by.calls if judge_by is not None else 0, **asdict(stats)}
+
+
 def run_judge_play(cfg: RunConfig, *, split: str, max_tasks: int | None, seeds: int, arms: list[str],
                    output: str | None) -> dict[str, Any]:
     """The recipe's student on the split's tasks, once per seed and arm (the same sampling seeds in
@@ -387,12 +441,9 @@ def run_judge_play(cfg: RunConfig, *, split: str, max_tasks: int | None, seeds: 
     the paired difference against `none` with the smallest effect it could detect, and the runs each
     arm needed to reach `none`'s mean final improvement."""
     from envs.pool import EnvPool
-    from turnopd.core.ledger import Ledger
     from turnopd.orchestration.preflight import check_setup
     from turnopd.orchestration.startup import build_missing_models
-    from turnopd.rollout.base import SamplingParams, make_policy
-    from turnopd.rollout.engine import rollout
-    from turnopd.rollout.judge import Judge, JudgeStats, OutcomeMemory
+    from turnopd.rollout.base import make_policy
 
     unknown = [a for a in arms if a not in PLAY_ARMS]
     if unknown or "none" not in arms:
@@ -411,25 +462,7 @@ def run_judge_play(cfg: RunConfig, *, split: str, max_tasks: int | None, seeds: 
     clock: dict[str, dict[str, float]] = {}
     with EnvPool.for_config(spec, cfg.env) as pool, counter("episodes", seeds * len(arms) * len(tasks)) as advance:
         for arm in arms:
-            by, memory = PLAY_ARMS[arm]
-            ledger, start = Ledger(), time.monotonic()
-            judge_by = None if by == "none" else make_judge(by, cfg, spec, teacher, None)
-            stats = JudgeStats()
-            for seed in range(seeds):
-                judge = None if judge_by is None else Judge(
-                    spec, judge_by, k=cfg.judge.k, temperature=cfg.judge.temperature, memory=memory,
-                    threshold=cfg.judge.similarity_threshold, limit=cfg.judge.memory_limit, outcomes=OutcomeMemory())
-                sampling = SamplingParams(temperature=cfg.policy.temperature, top_p=cfg.policy.top_p,
-                                          max_new_tokens=cfg.policy.max_new_tokens, stop=tuple(cfg.policy.stop),
-                                          seed=cfg.seed + 1000 * seed)
-                for t in rollout(spec, pool, policy, tasks, env_config=cfg.env, sampling=sampling, ledger=ledger,
-                                 judge=judge):
-                    episodes[arm].append(episode_of(spec, t, seed))
-                    advance()
-                if judge is not None:
-                    stats = JudgeStats(*(a + b for a, b in zip(astuple(stats), astuple(judge.stats), strict=True)))
-            clock[arm] = {"wall_s": time.monotonic() - start, **{f"{r}_s": s for r, s in ledger.busy_totals.items()},
-                          "judge_calls": judge_by.calls if judge_by is not None else 0, **asdict(stats)}
+            episodes[arm], clock[arm] = play_arm(cfg, spec, pool, policy, tasks, seeds, arm, teacher, advance)
     rows, target = play_rows(episodes, clock)
     console.print(play_table(rows, target, f"{len(tasks)} {split} tasks x {seeds} seeds"))
     report = {"recipe": cfg.name, "split": split, "tasks": tasks, "seeds": seeds, "k": cfg.judge.k,
