@@ -28,7 +28,9 @@ prepare_model("sft", out, recipe="recipes/alfworld/teacher_sft.yaml", overrides=
 
 
 def _build(root: Path, threads: int) -> Path:
-    env = child_env(OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1")
+    # MKL's strict reproducibility mode: without it, on an Intel Xeon (AVX-512) MKL's kernels round
+    # differently under 1 and 2 threads (docs/teachers.md#reproducible-builds)
+    env = child_env(OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1", MKL_CBWR="AUTO,STRICT")
     out = root / f"threads{threads}"
     done = subprocess.run([sys.executable, "-c", BUILD, str(out), str(root / f"tiny{threads}")], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=900)
@@ -45,4 +47,5 @@ def test_a_build_under_one_and_two_threads_has_the_same_fingerprint(tmp_path):
     assert records[0]["weights"] == records[1]["weights"] is not None
     assert weights_fingerprint(tmp_path / "tiny1") == weights_fingerprint(tmp_path / "tiny2")  # the initial model too
     built_with = records[0]["built_with"]
+    assert built_with["mkl_cbwr"] == "AUTO,STRICT"
     assert built_with["versions"]["torch"] and built_with["cpu"] and built_with["cpu_capability"]

@@ -257,7 +257,8 @@ def test_sync_mode_matches_the_loop_before_the_pipeline(models, sync_run):
     assert [g[1:] for g in got] == [e[1:] for e in expected]
     assert [g[0] for g in got] == pytest.approx([e[0] for e in expected], rel=1e-4)
     assert all(r["pipeline"] == {"mode": "sync", "weight_version": r["step"] - 1, "staleness_max": 0,
-                                 "staleness_mean": 0.0, "dropped_stale": 0, "queued": 0, "generator_restarts": 0}
+                                 "staleness_mean": 0.0, "dropped_stale": 0, "queued": 0, "generator_restarts": 0,
+                                 "judge": None}
                for r in sync_run)
     assert all(r["generator_phases"] == {} and r["step_time_s"] >= sum(r["phases"].values()) * 0.99
                for r in sync_run)

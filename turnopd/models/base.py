@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -94,7 +95,9 @@ def build_environment() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             versions[package] = None
     return {"python": platform.python_version(), "versions": versions, "cpu": _cpu_model(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads()}
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
+            # MKL's conditional numerical reproducibility mode (AUTO,STRICT: the same bits at any thread count)
+            "mkl_cbwr": os.environ.get("MKL_CBWR")}
 
 
 def _cpu_model() -> str:

@@ -6,6 +6,8 @@ trajectory keeps the chosen candidate's tokens and log-probs, so OPD supervises 
 Judges (`judge.by`):
 - teacher: the recipe's teacher prompted as a judge ("Change A ... Change B ... Answer A or B"); its
   pick is the answer its scores make more likely (equal scores: no pick);
+- teacher_policy: the teacher's log-probability of each candidate as its own answer to the turn's
+  agent prompt; the likelier one is the pick (order-free, like the world model's);
 - world_model: the world model (`world_model.path`) predicts each candidate's metric (the mean of its
   `world_model.samples` answers' envs.base.MetricReader readings); the higher one is the pick (equal
   or unreadable: none). Its prediction does not depend on the order, so both orders always agree.
