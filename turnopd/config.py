@@ -24,6 +24,7 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from turnopd.algorithm.judge import JUDGES, MEMORY_MODES
 from turnopd.core.metrics import WORK_UNITS
 from turnopd.core.registry import Registry
 from turnopd.core.tracking import TRACKERS, TRACKING_EXTRA
@@ -342,10 +343,10 @@ class JudgeConfig:
     least `similarity_threshold` similar to a candidate's), full (all, the last 30), summary (a tally
     per knob). Evaluations play the student alone."""
 
-    by: str = field(default="none", metadata=_choices("none", "teacher", "teacher_policy", "world_model"))
+    by: str = field(default="none", metadata=_choices("none", *JUDGES))
     k: int = field(default=4, metadata=_range(2))
     temperature: float = field(default=1.0, metadata=_range(0.0))
-    memory: str = field(default="none", metadata=_choices("none", "focused", "full", "summary"))
+    memory: str = field(default="none", metadata=_choices(*MEMORY_MODES))
     similarity_threshold: float = field(default=0.5, metadata=_range(0.0, 1.0))
     memory_limit: int = field(default=5, metadata=_range(1))  # Rehearse's at most 5 lines
 
@@ -487,7 +488,7 @@ def check_consistency(cfg: RunConfig) -> None:
                           "judge.by=teacher for a judge with memory")
     if judge.by == "none" and judge.memory != "none":
         raise RecipeError(f"recipe key 'judge.memory': {judge.memory!r} with judge.by=none: there is no judge to "
-                          "read it; set judge.by (teacher or world_model)")
+                          "read it; set judge.by=teacher (the judge that reads memory lines)")
     group = cfg.trainer.group_size
     if cfg.trainer.episodes_per_step % group:
         raise RecipeError(f"recipe key 'trainer.group_size': {group} does not divide trainer.episodes_per_step="

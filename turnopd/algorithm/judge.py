@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
+JUDGES = ("teacher", "teacher_policy", "world_model")  # judge.by, besides none (turnopd.rollout.judge.make_judge)
 MEMORY_MODES = ("none", "focused", "full", "summary")
 
 

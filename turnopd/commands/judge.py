@@ -22,15 +22,14 @@ def _names(text: str) -> list[str]:
 
 
 def bench(args: argparse.Namespace) -> int:
+    from turnopd.algorithm.judge import JUDGES, MEMORY_MODES
     from turnopd.config import RecipeError
     from turnopd.orchestration.judge_bench import run_judge_bench
 
     bys, memories = _names(args.by), _names(args.memory)
-    bad = [b for b in bys if b not in ("teacher", "teacher_policy", "world_model")] + \
-        [m for m in memories if m not in ("none", "focused", "full", "summary")]
+    bad = [b for b in bys if b not in JUDGES] + [m for m in memories if m not in MEMORY_MODES]
     if bad or not bys or not memories:
-        raise SystemExit(f"error: --by takes teacher,teacher_policy,world_model and --memory none,focused,full,summary; "
-                         f"got {bad}")
+        raise SystemExit(f"error: --by takes {','.join(JUDGES)} and --memory {','.join(MEMORY_MODES)}; got {bad}")
     try:
         return run_recipe_command(args, _load, functools.partial(
             run_judge_bench, split=args.split, max_tasks=args.max_tasks, walks=args.walks, max_depth=args.max_depth,

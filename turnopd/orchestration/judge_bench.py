@@ -35,12 +35,12 @@ from rich.table import Table
 from envs import make_env_spec
 from envs.base import EnvSpec
 from teachers import load_teacher_spec, make_teacher
-from turnopd.algorithm.judge import Attempt, Decision, memory_lines
+from turnopd.algorithm.judge import Attempt, Decision, consensus, memory_lines
 from turnopd.analysis.audit import wilson_interval
 from turnopd.config import RecipeError, RunConfig
 from turnopd.core.progress import progress_bar
 from turnopd.orchestration.sft import build_missing_teacher
-from turnopd.rollout.judge import WorldModelJudge, make_judge
+from turnopd.rollout.judge import make_judge
 
 BANDS = ((0.0, 2.0, "<2"), (2.0, 5.0, "2-5"), (5.0, float("inf"), ">=5"))  # |metric difference|, points
 DEPTHS = ("0", "1", "2", ">=3")
@@ -178,14 +178,6 @@ def sample_pairs(states: list[State], per_state: int, seed: int) -> list[Pair]:
     return pairs
 
 
-@dataclass
-class Verdicts:
-    """One arm's verdicts on the pairs: None (abstained) or whether it picked the change that helped."""
-
-    arm: str
-    right: list[bool | None]
-
-
 async def judge_pairs(by: Any, memory_mode: str, states: list[State], pairs: list[Pair], threshold: float,
                       limit: int, advance: Callable[[], None] = lambda: None) -> tuple[list[bool | None], float | None]:
     """Per pair: None (no consensus) or whether the verdict is the change that helped; and the share of
@@ -195,13 +187,14 @@ async def judge_pairs(by: Any, memory_mode: str, states: list[State], pairs: lis
     for pair in pairs:
         state = states[pair.state]
         candidates = [pair.good, pair.bad]
+        # state.memory is the walk's tries before the state, ordered (0, n): (1,) comes after all of them
         lines = memory_lines(memory_mode, state.memory, state.task_id, (1,), candidates, threshold, limit)
         decision = Decision(state.task_id, pair.state, state.goal, state.first_observation, state.history,
                             state.observation, (0, state.depth))
         picks = await by.picks(decision, candidates, lines)
         first += (picks[(0, 1)] == 0) + (picks[(1, 0)] == 1)
         made += (picks[(0, 1)] is not None) + (picks[(1, 0)] is not None)
-        vote = picks[(0, 1)] if picks[(0, 1)] is not None and picks[(0, 1)] == picks[(1, 0)] else None
+        vote = consensus(picks[(0, 1)], picks[(1, 0)])
         out.append(None if vote is None else vote == 0)
         advance()
     return out, first / made if made else None
@@ -258,7 +251,7 @@ def open_judges(cfg: RunConfig, spec: EnvSpec, bys: list[str], world_model: str 
         meta = load_world_model_meta(world_model, cfg.env.name)
         policy = make_policy(PolicyConfig(temperature=0.0, max_new_tokens=meta["max_observation_tokens"], stop=[]),
                              str(Path(world_model).expanduser()), dtype="float32", seed=cfg.seed)
-        judges["world_model"] = WorldModelJudge(WorldModelPool(
+        judges["world_model"] = make_judge("world_model", cfg, spec, None, WorldModelPool(
             spec, None, policy, history_length=meta["history_length"],
             max_observation_tokens=meta["max_observation_tokens"], temperature=0.0, seed=cfg.seed))
     return judges

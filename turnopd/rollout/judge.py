@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.base import EnvSpec, PromptContext, format_answer, recent_pairs
-from turnopd.algorithm.judge import Attempt, Decision, Tournament, memory_lines, round_robin
+from turnopd.algorithm.judge import JUDGES, Attempt, Decision, Tournament, memory_lines, round_robin
 from turnopd.core.distributed import gather_objects, rank_and_world
 from turnopd.core.types import Trajectory
 from turnopd.rollout.base import Generation, Policy, SamplingParams, request_seed
@@ -70,6 +70,10 @@ def trajectory_attempts(spec: EnvSpec, trajectory: Trajectory, step: int) -> lis
                        lambda i: (step, turns[i]))
 
 
+def json_lines(attempts: Sequence[Attempt]) -> str:
+    return "".join(json.dumps(a.to_json()) + "\n" for a in attempts)
+
+
 class OutcomeMemory:
     """The run's committed attempts, appended to `path` (a JSON-lines file, flushed and fsynced per
     step; None: in memory) by the `writer` (rank 0; the other ranks read it). Opening it for a run
@@ -86,14 +90,14 @@ class OutcomeMemory:
             if not writer:
                 return
             tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(json.dumps(a.to_json()) + "\n" for a in kept))
+            tmp.write_text(json_lines(kept))
             os.replace(tmp, path)  # atomic: a crash here leaves the old file or the new one
 
     def commit(self, attempts: Sequence[Attempt]) -> None:
         self.attempts.extend(attempts)
         if self.path is not None and attempts and self.writer:
             with self.path.open("a") as f:
-                f.write("".join(json.dumps(a.to_json()) + "\n" for a in attempts))
+                f.write(json_lines(attempts))
                 f.flush()
                 os.fsync(f.fileno())
 
@@ -242,10 +246,7 @@ class Judge:
         if len(actions) < 2:
             return first
         candidates = list(actions)
-        own = attempts_of(self.spec, decision.task_id, episode_steps(decision.history, decision.observation),
-                          lambda i: (self.step, i))
-        lines = memory_lines(self.memory, [*self.outcomes.attempts, *own], decision.task_id,
-                             (self.step, decision.order[1]), candidates, self.threshold, self.limit)
+        lines = self._memory_lines(decision, candidates)
         with busy("judge"):
             picks = await self.by.picks(decision, candidates, lines)
         tournament = round_robin(len(candidates), lambda x, y: picks[(x, y)])
@@ -253,6 +254,16 @@ class Judge:
         chosen = actions[candidates[tournament.chosen]] if tournament.verdicts else 0
         self.stats.add(tournament, chosen == 0)
         return generations[chosen]
+
+    def _memory_lines(self, decision: Decision, candidates: list[str]) -> list[str]:
+        """The memory the judge reads at this turn: the committed attempts and the episode's own earlier
+        turns (read from its history only when a memory is on)."""
+        if self.memory == "none":
+            return []
+        own = attempts_of(self.spec, decision.task_id, episode_steps(decision.history, decision.observation),
+                          lambda i: (self.step, i))
+        return memory_lines(self.memory, [*self.outcomes.attempts, *own], decision.task_id,
+                            (self.step, decision.order[1]), candidates, self.threshold, self.limit)
 
 
 def make_judge(by: str, cfg: Any, spec: EnvSpec, teacher: Any, world: Any) -> Any:
@@ -263,7 +274,7 @@ def make_judge(by: str, cfg: Any, spec: EnvSpec, teacher: Any, world: Any) -> An
         return TeacherPolicyJudge(teacher, spec, cfg.env.history_length, cfg.env.answer_format)
     if by == "world_model":
         return WorldModelJudge(world)
-    raise ValueError(f"judge.by must be teacher, teacher_policy or world_model, got {by!r}")
+    raise ValueError(f"judge.by must be one of {', '.join(JUDGES)}, got {by!r}")
 
 
 def open_judge(cfg: Any, spec: EnvSpec, teachers: dict[str, Any], world: Any, run_dir: Path | None,
