@@ -5,6 +5,7 @@ types, prompt template, action parser and expert, and makes `Env`s.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -98,6 +99,27 @@ class PromptContext:
     history: list[tuple[str, str]]  # the last `history_length` (observation, action) pairs, oldest first
     admissible: list[str] | None = None
     answer_format: str = "think_action"
+
+
+IMAGE_PLACEHOLDER = "<image>"  # where a screenshot goes in a prompt's text (a VLM's image token)
+HIDDEN_PAGE = "(page not shown)"  # a page older than the screenshot window
+
+
+def screenshot_view(ctx: PromptContext, keys: Sequence[str], window: int) -> tuple[PromptContext, list[str]]:
+    """The student's view of a turn in an env that shows screenshots: the current page and the
+    pages of the last `window` - 1 turns of ctx.history as IMAGE_PLACEHOLDER, older pages of the
+    history as HIDDEN_PAGE (their actions stay), and the screenshot keys in the order a template
+    that shows the history before the current page writes the placeholders. `keys`: the keys of
+    ctx.history's pages and then the current page's (len(ctx.history) + 1)."""
+    if len(keys) != len(ctx.history) + 1:
+        raise ValueError(f"screenshot_view needs a key per history page and the current page: {len(keys)} keys "
+                         f"for {len(ctx.history)} history pairs")
+    shown = min(window - 1, len(ctx.history))
+    first_shown = len(ctx.history) - shown
+    history = [(IMAGE_PLACEHOLDER if i >= first_shown else HIDDEN_PAGE, action)
+               for i, (_, action) in enumerate(ctx.history)]
+    return (dataclasses.replace(ctx, observation=IMAGE_PLACEHOLDER, history=history),
+            list(keys[first_shown:]))
 
 
 class EnvSpec(Protocol):

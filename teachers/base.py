@@ -37,7 +37,9 @@ class Teacher(Protocol):
     tokenizer: Any
     max_length: int
 
-    def score(self, sequences: list[list[int]], topk: int = 0) -> list[TokenScores]: ...
+    # image_keys (a teacher that `reads_screenshots`): per sequence, the pixel-store keys of its images
+    def score(self, sequences: list[list[int]], topk: int = 0, image_keys: list[list[str]] | None = None
+              ) -> list[TokenScores]: ...
     def close(self) -> None: ...
 
 

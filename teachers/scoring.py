@@ -6,7 +6,9 @@ extends the previous prompt + answer (a chat that only appends), else one per tu
 rollout engine's prompts re-render a history window each turn, so its trajectories score one
 window per turn). All sequences of all trajectories that share a teacher go to it in one call, so
 the backend batches across trajectories. The student's action tokens are read out, and each turn's
-familiarity signals (turnopd.algorithm.familiarity) from the same scores: no extra forward.
+familiarity signals (turnopd.algorithm.familiarity) from the same scores: no extra forward. A turn
+with a text prompt of its own for the teacher (a student that reads screenshots,
+Turn.teacher_prompt_ids) is scored on it: the same action tokens after the pages' text.
 """
 
 from __future__ import annotations
@@ -33,14 +35,17 @@ def score_trajectories(teachers_by_env: dict[str, Teacher], trajectories: Sequen
     for traj in trajectories:
         teacher = teachers_by_env[traj.env_name]
         teachers[id(teacher)] = teacher
-        for seq in trajectory_sequences(traj):
+        # a teacher that reads screenshots sees what the student saw; a text teacher its own text prompts
+        for seq in trajectory_sequences(traj, "student" if getattr(teacher, "reads_screenshots", False) else "teacher"):
             if len(seq.ids) > teacher.max_length:
                 raise ValueError(f"trajectory of task {traj.task_id} has a sequence of {len(seq.ids)} tokens > "
                                  f"teacher {teacher.name}'s max_length {teacher.max_length}")
             work.setdefault(id(teacher), []).append((traj, seq))
     scored_tokens = 0
     for key, items in work.items():
-        all_scores = teachers[key].score([seq.ids for _, seq in items], topk=topk)
+        images = [seq.image_keys for _, seq in items]
+        all_scores = teachers[key].score([seq.ids for _, seq in items], topk=topk,
+                                         **({"image_keys": images} if any(images) else {}))
         for (traj, seq), scores in zip(items, all_scores, strict=True):
             turns = {turn.index: turn for turn in traj.turns}
             signals = span_signals(scores.logprobs, [(start, end) for start, end, _ in seq.spans],

@@ -6,6 +6,10 @@ base and merged into its weights (`PeftModel.from_pretrained(base, adapter).merg
 fixed teacher scores as fast as the base, and `.model` is a plain model. spec.options:
 `max_batch_tokens` (padded tokens per forward pass, default 2048 on a CPU and 16384 on a GPU, see
 GPU_MAX_BATCH_TOKENS), `device` (default: the run's, turnopd.core.device).
+
+A vision-language teacher (`reads_screenshots`) scores what the student saw, screenshots included:
+its `screens` (turnopd.engines.screens.ScreenPixels, set by the run's start-up) fetch each batch's
+pixels from the pixel store.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from teachers.base import TEACHER_BACKENDS, TokenScores, check_sequences
 from teachers.spec import TeacherSpec, check_adapter
 from turnopd.algorithm.familiarity import entropy_from_logprobs
 from turnopd.core.device import run_device
-from turnopd.engines.hf_models import length_batches, load_model, model_max_length
+from turnopd.engines.hf_models import image_tokens_of, length_batches, load_model, model_max_length
+from turnopd.engines.screens import ScreenPixels
 
 # Padded tokens per forward pass (spec.options.max_batch_tokens unset). A pass's logits take
 # max_batch_tokens x vocab floats (2048 x 49k SmolLM2 logits: 0.4 GB in fp32), the bound on a CPU.
@@ -46,11 +51,16 @@ class TransformersTeacher:
             self.model = self.model.merge_and_unload().eval()
         self.model.requires_grad_(False)
         self.max_length = min(spec.max_length, model_max_length(self.model, self.tokenizer))
+        self.model_dir = spec.model
+        self.reads_screenshots = image_tokens_of(self.model.config) > 0
+        self.screens: ScreenPixels | None = None
         default_tokens = GPU_MAX_BATCH_TOKENS if self.device.type == "cuda" else CPU_MAX_BATCH_TOKENS
         self.max_batch_tokens = int(spec.options.get("max_batch_tokens", default_tokens))
 
     @torch.inference_mode()
-    def score(self, sequences: list[list[int]], topk: int = 0) -> list[TokenScores]:
+    def score(self, sequences: list[list[int]], topk: int = 0,
+              image_keys: list[list[str]] | None = None) -> list[TokenScores]:
+        """`image_keys`: per sequence, the screenshots of its image positions (a vision-language teacher)."""
         check_sequences(sequences, self.max_length, self.name)
         out: list[TokenScores | None] = [None] * len(sequences)
         for batch in length_batches([len(s) for s in sequences], max_batch_tokens=self.max_batch_tokens):
@@ -60,7 +70,9 @@ class TransformersTeacher:
             for row, i in enumerate(batch):  # right padding: positions are the same as unpadded
                 ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
                 mask[row, : len(sequences[i])] = 1
-            logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
+            keys = [key for i in batch for key in (image_keys[i] if image_keys else [])]
+            images = {"pixel_values": self.screens(keys).to(self.device, self.model.dtype)} if keys else {}
+            logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **images).logits
             for row, i in enumerate(batch):
                 n = len(sequences[i])
                 # logits at p-1 predict token p

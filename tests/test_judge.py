@@ -140,7 +140,7 @@ class ScriptedPolicy:
     def __init__(self, texts: list[str]):
         self.texts, self.seeds = list(texts), []
 
-    async def generate(self, prompt, sampling):
+    async def generate(self, prompt, sampling, image_keys=()):
         self.seeds.append(sampling.seed)
         text = self.texts.pop(0)
         return Generation([len(text)], [-1.0], text)

@@ -21,9 +21,10 @@ from turnopd.orchestration.world_model_training import load_world_model_recipe
 REPO = Path(__file__).resolve().parents[1]
 RECIPES_DIR = REPO / "recipes"
 RECIPES = sorted(p for p in RECIPES_DIR.rglob("*.yaml") if p.relative_to(RECIPES_DIR).parts[0] != "methods")
-SFT_RECIPES = [p for p in RECIPES if p.name.startswith("teacher_")]  # teacher_sft.yaml, teacher_dagger.yaml
+# turnopd sft: teacher_sft.yaml, teacher_dagger.yaml, webshop/screenshot_{teacher,student}_sft.yaml
+SFT_RECIPES = [p for p in RECIPES if p.name.startswith("teacher_") or p.name.endswith("_sft.yaml")]
 WORLD_MODEL_RECIPES = [p for p in RECIPES if p.name.startswith("world_model")]  # turnopd world-model train
-DISTILL_RECIPES = [p for p in RECIPES if not p.name.startswith(("teacher_", "world_model"))]
+DISTILL_RECIPES = [p for p in RECIPES if p not in SFT_RECIPES and p not in WORLD_MODEL_RECIPES]
 HAS_SFT_RECIPE = "sft_recipe" in {f.name for f in dataclasses.fields(TeacherSpec)}
 
 

@@ -112,7 +112,7 @@ class ScriptedPolicy:
     def session(self):
         return contextlib.nullcontext()
 
-    async def generate(self, prompt: list[int], sampling: SamplingParams) -> Generation:
+    async def generate(self, prompt: list[int], sampling: SamplingParams, image_keys=()) -> Generation:
         step = int(self.tokenizer.decode(prompt).split("Step ")[1].split(".")[0])
         answer = format_answer(f"go to desk {step + 1}", self.answer_format)
         ids = self.tokenizer.encode(answer, add_special_tokens=False)

@@ -81,3 +81,25 @@ def test_env_errors_are_counted_by_message_most_frequent_first():
     # one cause can read as many messages (each names its game): two are shown, the rest counted
     assert describe_env_errors({"g1": 1, "g2": 1, "g3": 1, "g4": 1}, 8) == (
         "4 of 8 episodes were ended by the env, not the agent: g1 (x1); g2 (x1); and 2 other errors")
+
+
+def test_screenshot_turns_read_by_the_student_and_by_a_text_teacher():
+    """A student that saw images (7 = the image token, each image 2 positions here) and a teacher that
+    reads the pages' text instead: the same action tokens, each reader's own prompt."""
+    t0 = Turn(0, "page 0", [1, 7, 7, 2], [3, 4], [-0.1, -0.2], image_keys=["k0"], teacher_prompt_ids=[1, 50, 51, 2])
+    t1 = Turn(1, "page 1", [1, 7, 7, 2, 3, 4, 7, 7], [5], [-0.3], image_keys=["k0", "k1"],
+              teacher_prompt_ids=[1, 52, 2])  # the student's chat appends, the teacher's window does not
+    traj = Trajectory("a", "env", [t0, t1])
+    student = trajectory_sequences(traj)
+    assert [(s.ids, s.spans, s.image_keys) for s in student] == [
+        ([1, 7, 7, 2, 3, 4, 7, 7, 5], [(4, 6, 0), (8, 9, 1)], ["k0", "k1"])]
+    teacher = trajectory_sequences(traj, "teacher")
+    assert [(s.ids, s.spans, s.image_keys) for s in teacher] == [
+        ([1, 50, 51, 2, 3, 4], [(4, 6, 0)], []), ([1, 52, 2, 5], [(3, 4, 1)], [])]
+    batch = build_token_batch([traj])
+    assert batch.image_keys == [["k0", "k1"]] and batch.input_ids.tolist() == student[0].ids
+    assert build_token_batch([Trajectory("b", "env", [turn(0, [1, 2], [3])])]).image_keys == []
+    # the teacher's scored tokens: its own prompts (6 + 4), not the student's 9
+    assert EpisodeSummary.of(traj).scored_tokens == 10
+    with pytest.raises(ValueError, match="reader"):
+        trajectory_sequences(traj, "judge")

@@ -2,8 +2,10 @@
 The search index and spaCy are loaded lazily, when an env is made."""
 
 from envs.base import ENVS
+from envs.webshop.screenshot import WebShopScreenshotSpec
 from envs.webshop.spec import WebShopSpec
 
 ENVS.register("webshop")(WebShopSpec)
+ENVS.register("webshop_screenshot")(WebShopScreenshotSpec)
 
-__all__ = ["WebShopSpec"]
+__all__ = ["WebShopScreenshotSpec", "WebShopSpec"]

@@ -14,7 +14,7 @@ def recording_batcher(wait_s: float, max_rows: int = 8) -> tuple[MicroBatcher, l
     first tokens."""
     calls: list[list[int]] = []
 
-    def run_batch(prompts, samplings):
+    def run_batch(prompts, samplings, image_keys):
         calls.append([p[0] for p in prompts])
         return [Generation([p[0]], [0.0], str(p[0])) for p in prompts]
 

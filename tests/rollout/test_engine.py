@@ -80,7 +80,7 @@ class ScriptedPolicy:
     def session(self):
         return contextlib.nullcontext()
 
-    async def generate(self, prompt, sampling):
+    async def generate(self, prompt, sampling, image_keys=()):
         text = self.tokenizer.decode(prompt)
         goal = re.search(r"goal=(.*?) step=", text).group(1)
         step = int(re.search(r" step=(\d+)", text).group(1))

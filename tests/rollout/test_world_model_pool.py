@@ -34,7 +34,7 @@ class ScriptedWorldModel:
     def session(self):
         return contextlib.nullcontext()
 
-    async def generate(self, prompt: list[int], sampling: SamplingParams) -> Generation:
+    async def generate(self, prompt: list[int], sampling: SamplingParams, image_keys=()) -> Generation:
         self.prompts.append(self.tokenizer.decode(prompt))
         self.seeds.append(sampling.seed)
         text = self.answers.pop(0)
@@ -192,7 +192,7 @@ class ScriptedStudent(ScriptedWorldModel):
     def __init__(self, tokenizer):
         super().__init__(tokenizer, [])
 
-    async def generate(self, prompt: list[int], sampling: SamplingParams) -> Generation:
+    async def generate(self, prompt: list[int], sampling: SamplingParams, image_keys=()) -> Generation:
         self.answers.append("<action>look</action>")
         return await super().generate(prompt, sampling)
 

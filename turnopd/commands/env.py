@@ -93,6 +93,8 @@ def play(args: argparse.Namespace) -> int:
                                     admissible=outcome.admissible, answer_format=config.answer_format)
                 print(f"\n--- prompt ---\n{spec.render_prompt(ctx)}\n--------------")
             print(f"\n[step {step}] {outcome.observation}")
+            if "screenshot" in outcome.info:  # an env that shows pages as images: what the agent sees
+                print(f"(the page as the agent sees it: {save_screenshot(spec, outcome, args.screens / f'step{step}.png')})")
             if outcome.admissible:
                 print("\n".join(f"  {i:2d}. {a}" for i, a in enumerate(outcome.admissible)))
             try:
@@ -111,9 +113,22 @@ def play(args: argparse.Namespace) -> int:
                 print("(the env did not accept that command)")
     finally:
         env.close()
+        if hasattr(spec, "pixel_store"):
+            spec.pixel_store.clear()
     print(f"\n{outcome.observation}\nend after {step} steps: won={outcome.won} reward={outcome.reward:g}"
           f"{'' if outcome.done else ' (not finished)'}")
     return 0
+
+
+def save_screenshot(spec: EnvSpec, outcome: Any, path: Path) -> Path:
+    """The outcome's screenshot, fetched from the spec's pixel store, saved as a PNG."""
+    from PIL import Image
+
+    key = outcome.info["screenshot"]
+    pixels = spec.pixel_store.get([key])[key]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(path)
+    return path
 
 
 def expert(args: argparse.Namespace) -> int:
@@ -204,6 +219,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_common(p)
     p.add_argument("--task", default="0", help="task index in the split, or a task id")
     p.add_argument("--show-prompt", action="store_true", help="print the prompt the model would see")
+    p.add_argument("--screens", type=Path, default=Path("screens"),
+                   help="where an env that shows pages as images saves each page as a PNG (default ./screens)")
     p.set_defaults(func=_reporting_errors(play))
 
     p = env_sub.add_parser("expert", help="run the env's expert; print success rate and mean turns")

@@ -85,6 +85,13 @@ class StepRecord:
     invalid_action_rate: float = 0.0
     env_failures: int = 0  # episodes the env ended itself, and their errors by message
     env_errors: dict[str, int] = field(default_factory=dict)
+    # an env that shows screenshots (None otherwise): the screenshots in the step's prompts (keys) and
+    # distinct ones (stored), the bytes the keys took (key_bytes) against the uint8 screens (screen_bytes)
+    # and the pixel_values the student took (pixel_value_bytes: what sending pixels with the trajectories
+    # would move), the images fetched from the store for generation and training (fetched_images),
+    # the store's size before it was freed (store_bytes), and whether the batch was dropped for a lost
+    # screenshot (dropped, missing)
+    screenshots: dict[str, Any] | None = None
     # {teacher: {replica url: requests, failures, up, mean_latency_s this step}} (vllm_server teachers;
     # in one_step_off and pool, the generator process's scoring since the previous step)
     teacher_replicas: dict[str, Any] = field(default_factory=dict)

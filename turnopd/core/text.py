@@ -1,4 +1,4 @@
-"""Text measures shared by the envs' metrics and the world model's fidelity."""
+"""Text measures shared by the envs' metrics and the world model's fidelity, and token-id edits."""
 
 from __future__ import annotations
 
@@ -15,3 +15,12 @@ def bag_of_words_f1(predicted: Sequence[str], reference: Sequence[str]) -> float
         return 0.0
     precision, recall = common / len(predicted), common / len(reference)
     return 2 * precision * recall / (precision + recall)
+
+
+def expand_placeholders(ids: Sequence[int], placeholder: int, copies: int) -> list[int]:
+    """`ids` with each `placeholder` token repeated `copies` times: an image placeholder becomes the
+    image-token positions a VLM fills with its image's features (LLaVA's processor does the same)."""
+    out: list[int] = []
+    for token in ids:
+        out.extend([token] * copies if token == placeholder else [token])
+    return out

@@ -30,6 +30,11 @@ class Turn:
     invalid: bool = False
     # The teacher's familiarity signals of this turn, by name (turnopd.algorithm.familiarity), when scored.
     teacher_signals: dict[str, float] = field(default_factory=dict)
+    # An env that shows screenshots: the pixel-store keys (turnopd.core.pixels) of the images in
+    # prompt_ids, in the order of their placeholders, and the prompt a text teacher reads instead
+    # (the pages' text where the student saw images; None: the teacher reads prompt_ids).
+    image_keys: list[str] = field(default_factory=list)
+    teacher_prompt_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         if len(self.student_logprobs) != len(self.action_ids):
@@ -93,24 +98,33 @@ class ScoredSequence:
 
     ids: list[int]
     spans: list[tuple[int, int, int]]
+    image_keys: list[str] = field(default_factory=list)  # the screenshots of its image placeholders, in order
 
 
-def trajectory_sequences(traj: Trajectory) -> list[ScoredSequence]:
-    """Split a trajectory into the fewest sequences that reproduce what the student saw.
+def trajectory_sequences(traj: Trajectory, reader: str = "student") -> list[ScoredSequence]:
+    """Split a trajectory into the fewest sequences that reproduce what the `reader` saw: the
+    student (its prompts, with their screenshots) or the teacher (Turn.teacher_prompt_ids where a
+    turn has them: a text teacher of a student that reads screenshots).
 
     When every turn's prompt extends the previous prompt + action (a multi-turn chat that only
     appends), the whole trajectory is ONE sequence and one forward pass scores every turn. When
     the prompt re-renders a history window (verl-agent style), a turn's prompt is not such an
     extension and starts a new sequence, so each turn is scored on exactly the window it saw.
+    A sequence's screenshots are its last turn's (a prompt that extends another holds its images).
     """
+    if reader not in ("student", "teacher"):
+        raise ValueError(f"reader must be 'student' or 'teacher', got {reader!r}")
     sequences: list[ScoredSequence] = []
     for turn in traj.turns:
+        teacher_text = reader == "teacher" and turn.teacher_prompt_ids is not None
+        prompt = turn.teacher_prompt_ids if teacher_text else turn.prompt_ids
         current = sequences[-1] if sequences else None
-        if current is not None and turn.prompt_ids[: len(current.ids)] == current.ids:
-            current.ids.extend(turn.prompt_ids[len(current.ids) :])
+        if current is not None and prompt[: len(current.ids)] == current.ids:
+            current.ids.extend(prompt[len(current.ids) :])
         else:
-            current = ScoredSequence(ids=list(turn.prompt_ids), spans=[])
+            current = ScoredSequence(ids=list(prompt), spans=[])
             sequences.append(current)
+        current.image_keys = [] if teacher_text else list(turn.image_keys)
         start = len(current.ids)
         current.ids.extend(turn.action_ids)
         current.spans.append((start, len(current.ids), turn.index))
@@ -144,6 +158,9 @@ class TokenBatch:
     # [num_trajectories] the reward term's advantage per trajectory (Trajectory.advantage, 0 where it has
     # none); None: no trajectory carries one
     advantages: torch.Tensor | None = None
+    # per sequence, the pixel-store keys of its screenshots in placeholder order (empty: none; [] for a
+    # batch of text only)
+    image_keys: list[list[str]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -171,9 +188,11 @@ def build_token_batch(trajectories: list[Trajectory]) -> TokenBatch:
     seq_lens: list[int] = []
     topk_rows: list[tuple[int, list[int], list[float]]] = []  # (flat position, ids, logprobs)
     signal_rows: list[tuple[int, dict[str, float]]] = []  # (flat position, its turn's signals)
+    image_keys: list[list[str]] = []
     for traj_index, traj in enumerate(trajectories):
         turns = {turn.index: turn for turn in traj.turns}
         for seq in trajectory_sequences(traj):
+            image_keys.append(seq.image_keys)
             offset = len(ids)
             n = len(seq.ids)
             ids.extend(seq.ids)
@@ -224,6 +243,7 @@ def build_token_batch(trajectories: list[Trajectory]) -> TokenBatch:
                                          for t in trajectories], dtype=torch.float64) if weighted else None,
         advantages=torch.tensor([t.advantage or 0.0 for t in trajectories], dtype=torch.float64)
         if any(t.advantage is not None for t in trajectories) else None,
+        image_keys=image_keys if any(image_keys) else [],
     )
 
 
@@ -253,7 +273,8 @@ class EpisodeSummary:
     def of(cls, traj: Trajectory) -> EpisodeSummary:
         return cls(traj.task_id, traj.task_type, traj.success, traj.depth, traj.truncated,
                    traj.invalid_actions, traj.num_action_tokens, traj.env_error,
-                   sum(len(seq.ids) for seq in trajectory_sequences(traj)), traj.world_model, traj.predicted_success,
+                   sum(len(seq.ids) for seq in trajectory_sequences(traj, "teacher")), traj.world_model,
+                   traj.predicted_success,
                    traj.verdict_steps, traj.is_probe)
 
 

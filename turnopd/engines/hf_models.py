@@ -29,15 +29,40 @@ def load_model(path: str | os.PathLike[str], dtype: str = "auto", adapter: str |
     """A causal LM and its tokenizer from a Hugging Face directory (or hub name), in eval mode, on
     `device` (default: the run's); with `adapter`, a LoRA adapter folder on it (a peft model, not
     merged: a vllm policy serves it as one)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     check_model_path(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=TORCH_DTYPES.get(dtype, "auto"))
+    model = auto_model_class(path).from_pretrained(path, dtype=TORCH_DTYPES.get(dtype, "auto"))
     if adapter is not None:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(adapter))
     return model.to(device or run_device()).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def auto_model_class(path: str | os.PathLike[str]) -> Any:
+    """The transformers auto class of a model folder: a causal LM, or a vision-language model (a LLaVA:
+    a vision tower before the causal LM, loaded as one)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if is_vision_language(path) else AutoModelForCausalLM
+
+
+def is_vision_language(path: str | os.PathLike[str]) -> bool:
+    """Whether the model folder's config has a vision tower (a VLM, e.g. `prepare: tiny_vlm`)."""
+    from transformers import AutoConfig
+
+    return getattr(AutoConfig.from_pretrained(path), "vision_config", None) is not None
+
+
+def image_tokens_of(config: Any) -> int:
+    """The prompt positions one image fills in a LLaVA-style model: the (image_size / patch_size)^2
+    patches of its vision tower, less the first under vision_feature_select_strategy "default" (LLaVA
+    drops it, a CLIP tower's CLS position); 0 for a model without a vision tower."""
+    vision = getattr(config, "vision_config", None)
+    if vision is None:
+        return 0
+    return (vision.image_size // vision.patch_size) ** 2 - (getattr(config, "vision_feature_select_strategy", "") == "default")
 
 
 def length_batches(lengths: list[int], *, max_batch_tokens: int | None = None,
@@ -57,9 +82,15 @@ def length_batches(lengths: list[int], *, max_batch_tokens: int | None = None,
     return batches
 
 
+def model_positions(config: Any) -> int | None:
+    """The model's position limit (a vision-language model's is its text model's)."""
+    text = getattr(config, "text_config", None)
+    return getattr(config, "max_position_embeddings", None) or getattr(text, "max_position_embeddings", None)
+
+
 def model_max_length(model: nn.Module, tokenizer: Any) -> int:
     """The context length: the model's position limit, or the tokenizer's when it is smaller."""
-    limit = getattr(model.config, "max_position_embeddings", None) or 10**9
+    limit = model_positions(model.config) or 10**9
     tok_limit = getattr(tokenizer, "model_max_length", None)
     if tok_limit and tok_limit < 10**8:  # tokenizers without a limit report ~1e30
         limit = min(limit, int(tok_limit))
@@ -82,7 +113,7 @@ def load_student(path: str | os.PathLike[str], dtype: str, lora: Any = None,
     """The student to train or to generate with, in `student.dtype` (as the trainer reads `auto`), on
     `device` (default: the run's, the GPU DeepSpeed trains on), with a fresh LoRA adapter when `lora`
     (a turnopd.config.LoraConfig) is given, and its tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype)).to(device or run_device())
+    model = auto_model_class(path).from_pretrained(path, dtype=resolve_dtype(dtype)).to(device or run_device())
     return (model if lora is None else add_adapter(model, lora)), AutoTokenizer.from_pretrained(path)

@@ -26,6 +26,7 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
+from envs.base import IMAGE_PLACEHOLDER
 from turnopd.models.base import building
 
 PAD_TOKEN = "<|endoftext|>"
@@ -50,8 +51,10 @@ HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
 
 def build_tokenizer(texts: Iterable[str], vocab_size: int = 4096,
-                    model_max_length: int = 2048) -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer trained on `texts`, with ChatML special tokens and chat template.
+                    model_max_length: int = 2048, image_token: bool = False) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on `texts`, with ChatML special tokens and chat template;
+    with `image_token`, one more special token, the image placeholder `<image>` (a VLM student's and
+    its text teacher's, which must share the tokenizer: turnopd.models.vlm).
 
     vocab_size is an upper bound: on a small corpus merges run out earlier.
     """
@@ -69,6 +72,9 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 4096,
     # Exact strings, no stripping, so they round-trip byte for byte.
     tok.add_tokens([AddedToken(t, lstrip=False, rstrip=False, normalized=False, special=False)
                     for t in TAG_TOKENS])
+    if image_token:  # special: never the result of a merge, and "<image><image>" is two of it
+        tok.add_special_tokens([AddedToken(IMAGE_PLACEHOLDER, lstrip=False, rstrip=False, normalized=False,
+                                           special=True)])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=BOS_TOKEN,
@@ -94,6 +100,7 @@ def build_tiny_model(
     intermediate_size: int | None = None,
     max_position_embeddings: int = 2048,
     tie_word_embeddings: bool = False,
+    image_token: bool = False,
     seed: int = 0,
 ) -> Path:
     """Build a tokenizer from `texts` and a random-init `arch` transformer; save both to out_dir.
@@ -123,6 +130,7 @@ def build_tiny_model(
         "intermediate_size": intermediate_size or 4 * hidden_size,
         "max_position_embeddings": max_position_embeddings,
         "tie_word_embeddings": tie_word_embeddings, "seed": seed,
+        **({"image_token": True} if image_token else {}),  # older builds' records stay the same
     }
 
     if tokenizer is not None:
@@ -130,7 +138,8 @@ def build_tiny_model(
         tok.model_max_length = max_position_embeddings
         source = {"tokenizer_from": str(Path(tokenizer).resolve())}
     else:
-        tok = build_tokenizer(texts, vocab_size=vocab_size, model_max_length=max_position_embeddings)
+        tok = build_tokenizer(texts, vocab_size=vocab_size, model_max_length=max_position_embeddings,
+                              image_token=image_token)
         source = {"corpus_texts": len(texts),
                   "corpus_sha256": hashlib.sha256("\x00".join(texts).encode()).hexdigest()}
     config = AutoConfig.for_model(

@@ -32,7 +32,7 @@ from turnopd.core.progress import StepProgress, print_summary
 from turnopd.core.types import EpisodeSummary, Trajectory, build_token_batch, describe_env_errors, env_errors
 from turnopd.orchestration.evaluation import evaluate_at_start, evaluate_on_schedule
 from turnopd.orchestration.pipeline import BatchPlan, open_rollouts, plan_batch
-from turnopd.orchestration.run_log import step_record
+from turnopd.orchestration.run_log import screenshot_fields, step_record
 from turnopd.orchestration.startup import DistillRun, open_run, save_checkpoint
 from turnopd.rollout.judge import open_judge
 from turnopd.rollout.world_model_pool import open_world_model
@@ -55,7 +55,7 @@ def train(run: DistillRun, stop: StopSignals) -> dict[str, Any]:
                         judge=open_judge(cfg, setup.spec, run.teachers, world, run.run_dir, run.start_step))
           as rollouts):
         if run.start_step == 0:
-            summary.update(stop.abortable(partial(evaluate_at_start, cfg, setup, pool, run.policy, log), {}))
+            summary.update(stop.abortable(partial(evaluate_at_start, cfg, setup, pool, run.policy, log, run.screens), {}))
             stop_if_asked(run, stop, run.start_step, checkpointed=True)
         progress = StepProgress(cfg.trainer.steps, run.start_step, enabled=log.is_main)
         for step in range(run.start_step, cfg.trainer.steps):
@@ -71,7 +71,8 @@ def train(run: DistillRun, stop: StopSignals) -> dict[str, Any]:
             alpha = step_alpha(cfg, step)
             with ledger.phase("train"):
                 result = trainer.step(build_token_batch(trajectories), alpha)  # raises TrainingDiverged
-            updated = update_depth(depth, plan, trajectories, result["turn_kl"])
+            # a batch dropped for a lost screenshot trained nothing: its probes measured no KL
+            updated = not result.get("dropped") and update_depth(depth, plan, trajectories, result["turn_kl"])
             with ledger.phase("weight_sync"), trainer.gathered_parameters() as student_weights:
                 run.policy.update_weights(student_weights)
                 rollouts.publish(student_weights, version=step + 1)
@@ -80,6 +81,8 @@ def train(run: DistillRun, stop: StopSignals) -> dict[str, Any]:
             record = step_record(done, ledger, ledger.end_step(), depth, plan, updated, alpha, result, episodes,
                                  rollouts.stats(), rollouts.take_replica_stats())
             record = dataclasses.replace(record, **outcome_fields)
+            if run.screens is not None:
+                record = dataclasses.replace(record, screenshots=screenshot_fields(run.screens, trajectories, result))
             log.train(record)
             progress.update(record)
             run.spent.add(record)
@@ -107,6 +110,8 @@ def end_step(run: DistillRun, stop: StopSignals, pool: EnvPool, done: int) -> di
         with run.ledger.phase("checkpoint"):
             save_checkpoint(run, done)
     run.ledger.end_step()  # eval and checkpoint time are in the record's clocks, not its phases
+    if run.screens is not None:  # the step's screenshots are trained on and evaluated: no trajectory holds them
+        run.screens.free_all()
     stop_if_asked(run, stop, done, checkpointed)
     return results
 

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from envs import ENVS
 from turnopd.algorithm.objective import ESTIMATORS
@@ -52,8 +52,31 @@ def check_judge(cfg: RunConfig) -> None:
                           "judge.by=teacher with judge.memory=none, or an env with a metric (autoresearch)")
 
 
+def check_screenshots(cfg: RunConfig) -> None:
+    """An env that shows screenshots runs what passes screenshot keys through and frees them after each
+    step: the transformers policy (it fetches the images of a generation batch), the sync pipeline
+    (nothing plays while the step's screenshots are freed), a teacher that scores from the batch (the
+    in-process full estimator would read the student's image tokens, not the teacher's text), no judge
+    and no world model (their prompts have no images)."""
+    if not getattr(ENVS.get(cfg.env.name), "shows_screenshots", False):
+        return
+    why = {"policy.backend": (cfg.policy.backend != "transformers", "only the transformers policy takes images"),
+           "pipeline.mode": (cfg.pipeline.mode != "sync", "screenshots are freed after each step, with nothing "
+                             "in flight only in sync mode"),
+           "objective.estimator": (ESTIMATORS.get(cfg.objective.estimator).needs_teacher_model,
+                                   "the in-process teacher would read the student's image tokens; use k1, k3 or "
+                                   "topk (the teacher scores its own text prompt)"),
+           "judge.by": (cfg.judge.by != "none", "a judge's prompts have no images"),
+           "world_model.path": (cfg.world_model.path is not None, "a world model's prompts have no images")}
+    for key, (refused, reason) in why.items():
+        if refused:
+            raise RecipeError(f"recipe key {key!r}: {OmegaConf.select(OmegaConf.structured(cfg), key)} with env "
+                              f"{cfg.env.name!r}, which shows screenshots: {reason}")
+
+
 def validate_recipe(cfg: DictConfig, schema: type = RunConfig,
-                    checks: Sequence[Callable[[Any], None]] = (check_consistency, check_pipeline, check_judge)) -> Any:
+                    checks: Sequence[Callable[[Any], None]] = (check_consistency, check_pipeline, check_judge,
+                                                                check_screenshots)) -> Any:
     """turnopd.config.validate with every backend registry (for any schema: RunConfig, the SFT
     recipe, an env block)."""
     return validate(cfg, schema, checks, BACKEND_REGISTRIES)

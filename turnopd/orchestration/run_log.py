@@ -19,8 +19,10 @@ from turnopd.core.faults import naming_a_full_disk
 from turnopd.core.ledger import Ledger
 from turnopd.core.methods import method_of
 from turnopd.core.metrics import MetricsWriter, StepRecord
+from turnopd.core.pixels import KEY_CHARS
 from turnopd.core.tracking import TRACKERS, TrackedRun
-from turnopd.core.types import EpisodeSummary, env_errors
+from turnopd.core.types import EpisodeSummary, Trajectory, env_errors
+from turnopd.engines.screens import ScreenPixels
 from turnopd.models import weights_fingerprint
 from turnopd.orchestration.pipeline import BatchPlan, PipelineStats
 from turnopd.orchestration.preflight import Setup
@@ -140,6 +142,19 @@ def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: Dept
         invalid_action_rate=sum(e.invalid_actions for e in episodes) / max(turns, 1),
         env_failures=sum(e.failed_by_env for e in episodes), env_errors=env_errors(episodes),
         teacher_replicas=teacher_replicas, **(world_model_fields(episodes) if world_model else {}))
+
+
+def screenshot_fields(screens: ScreenPixels, trajectories: list[Trajectory], train: dict[str, Any]) -> dict[str, Any]:
+    """The step's StepRecord.screenshots (this rank's): what its prompts' screenshot keys stood for and
+    what was fetched for them, before the store is freed."""
+    keys = [key for traj in trajectories for turn in traj.turns for key in turn.image_keys]
+    counts = screens.take_counts()
+    per_screen = counts.store_bytes / counts.images if counts.images else 0
+    per_pixel_values = counts.pixel_value_bytes / counts.images if counts.images else 0
+    return {"keys": len(keys), "stored": len(set(keys)), "key_bytes": len(keys) * KEY_CHARS,
+            "screen_bytes": round(len(keys) * per_screen), "pixel_value_bytes": round(len(keys) * per_pixel_values),
+            "fetched_images": counts.images, "store_bytes": screens.store.stats()["bytes"],
+            "dropped": bool(train.get("dropped")), "missing": train.get("missing_screenshots", 0)}
 
 
 def world_model_fields(episodes: list[EpisodeSummary]) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from envs import make_env_spec
-from envs.base import EnvSpec, format_answer, split_tasks
+from envs.base import EnvSpec, format_answer, recent_pairs, split_tasks
 from envs.demonstrations import (
     Demonstration,
     collect_demonstrations,
@@ -61,12 +61,19 @@ from turnopd.config import (
 from turnopd.core.data import REPO_ROOT
 from turnopd.core.progress import progress_bar
 from turnopd.core.types import Trajectory, Turn, build_token_batch
-from turnopd.engines.hf_models import resolve_dtype
+from turnopd.engines.hf_models import (
+    image_tokens_of,
+    is_vision_language,
+    load_model,
+    model_positions,
+    resolve_dtype,
+)
+from turnopd.engines.screens import attach_screens
 from turnopd.models import MODEL_PREPARERS, building, prepare_model
 from turnopd.orchestration.preflight import train_and_eval_tasks
 from turnopd.orchestration.recipe import validate_recipe
 from turnopd.rollout import SamplingParams, make_policy
-from turnopd.rollout.engine import chat_prompt_ids, rollout
+from turnopd.rollout.engine import rollout, student_prompt
 from turnopd.rollout.eval import EvalResult, evaluate
 
 RELABEL_SALT = 5_555  # the relabelled student's task draw, apart from the demonstrations'
@@ -143,14 +150,19 @@ class SFTExample:
     turn: int
     prompt_ids: list[int]
     answer_ids: list[int]
+    image_keys: list[str] = field(default_factory=list)  # the prompt's screenshots (an env that shows them)
 
 
-def demo_examples(demos: list[Demonstration], spec: EnvSpec, env_config: EnvConfig, tokenizer: Any) -> list[SFTExample]:
+def demo_examples(demos: list[Demonstration], spec: EnvSpec, env_config: EnvConfig, tokenizer: Any,
+                  image_tokens: int = 0) -> list[SFTExample]:
     """Every imitated turn of the won demonstrations (not an exploring expert's mistakes) and of the
     relabelled episodes (won or not: the expert's label is the answer), rendered as the rollout
-    engine renders a turn."""
+    engine renders a turn (in an env that shows screenshots, its pages drawn again into the pixel
+    store and shown to a student of `image_tokens` positions an image)."""
     examples = []
     for demo in (d for d in demos if d.won or d.relabelled):
+        page_keys = [spec.put_screenshot(step.observation, step.admissible) for step in demo.steps] \
+            if getattr(spec, "screenshot_window", 0) else [""] * len(demo.steps)
         for ctx, step in demo_contexts(demo, env_config):
             if not step.imitate:
                 continue
@@ -159,8 +171,10 @@ def demo_examples(demos: list[Demonstration], spec: EnvSpec, env_config: EnvConf
             if not parsed.valid or parsed.action != step.target:  # the engine's history holds parsed actions
                 raise ValueError(f"{spec.name}: the expert's action {step.target!r} does not survive its own "
                                  f"answer format ({answer!r} parses to {parsed.action!r})")
-            examples.append(SFTExample(demo.task_id, ctx.step, chat_prompt_ids(tokenizer, spec.render_prompt(ctx)),
-                                       tokenizer.encode(answer, add_special_tokens=False)))
+            keys = [*recent_pairs(page_keys[: ctx.step], env_config.history_length), page_keys[ctx.step]]
+            prompt, image_keys, _ = student_prompt(spec, tokenizer, image_tokens, ctx, keys)
+            examples.append(SFTExample(demo.task_id, ctx.step, prompt, tokenizer.encode(answer, add_special_tokens=False),
+                                       image_keys))
     return examples
 
 
@@ -169,7 +183,7 @@ def example_batch(examples: list[SFTExample], env_name: str):
     return build_token_batch([
         Trajectory(task_id=ex.task_id, env_name=env_name, turns=[Turn(
             index=ex.turn, observation="", prompt_ids=ex.prompt_ids, action_ids=ex.answer_ids,
-            student_logprobs=[0.0] * len(ex.answer_ids))])
+            student_logprobs=[0.0] * len(ex.answer_ids), image_keys=ex.image_keys)])
         for ex in examples
     ])
 
@@ -239,16 +253,16 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
     demos = collect_demonstrations(spec, cfg.env, split, cfg.demos.episodes, cfg.seed)
     prepare_time = time.perf_counter() - prepare_start
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    examples, relabel = training_examples(cfg, spec, demos, relabel_tasks, tokenizer,
-                                          model.config.max_position_embeddings)
+    examples, relabel = training_examples(cfg, spec, demos, relabel_tasks, tokenizer, model.config)
 
     torch.manual_seed(cfg.seed)
     trainer = Trainer(model, cfg.trainer, ObjectiveConfig(estimator="nll"), LossConfig(mode="token_mean"),
                       total_steps=cfg.trainer.steps)
+    attach_screens(spec, model_dir, trainer)
     losses = train_examples(trainer, examples, cfg)
 
     output = Path(cfg.output_dir).expanduser()
-    save_model(trainer, tokenizer, output)
+    save_model(trainer, tokenizer, output, model_dir)
     del trainer, model
 
     # the held-out eval and the teacher spec use the dtype it is trained in (bf16 is ~2x faster on a CPU with AMX)
@@ -280,12 +294,10 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
 
 
 def load_sft_model(model_dir: Path, train_top_layers: int | None) -> Any:
-    """The model to fine-tune, in fp32 master weights, frozen below its top `train_top_layers` blocks
-    when set."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    """The model to fine-tune (a vision-language one whole, vision tower included), in fp32 master
+    weights, frozen below its top `train_top_layers` blocks when set."""
+    model, _ = load_model(model_dir, "float32", device="cpu")
+    model.train()
     if train_top_layers is not None:
         trainable = freeze_below_top_layers(model, train_top_layers)
         print(f"training the top {train_top_layers} blocks and the final norm: {trainable / 1e6:.1f}M of "
@@ -294,10 +306,12 @@ def load_sft_model(model_dir: Path, train_top_layers: int | None) -> Any:
 
 
 def training_examples(cfg: SFTConfig, spec: EnvSpec, demos: list[Demonstration], relabel_tasks: list[str], tokenizer: Any,
-                      max_positions: int) -> tuple[list, dict[str, Any] | None]:
-    """The expert's turns, and the relabelled student states when the recipe asks for them (with
+                      model_config: Any) -> tuple[list, dict[str, Any] | None]:
+    """The expert's turns (shown as the model reads them: screenshots for a vision-language model in an
+    env that shows them), and the relabelled student states when the recipe asks for them (with
     their figures); every turn must fit the model's positions."""
-    examples = demo_examples(demos, spec, cfg.env, tokenizer)
+    examples = demo_examples(demos, spec, cfg.env, tokenizer, image_tokens_of(model_config))
+    max_positions = model_positions(model_config)
     if not examples:
         raise RuntimeError(f"the expert won none of its {len(demos)} episodes: nothing to train on")
     expert_turns = len(examples)
@@ -318,6 +332,7 @@ def evaluate_sft_model(cfg: SFTConfig, spec: EnvSpec, output: Path, dtype: str, 
                        eval_split: str) -> EvalResult:
     """The fine-tuned model's greedy Avg@1 on the held-out tasks (episodes the env ended count as lost)."""
     policy = make_policy(cfg.policy, str(output), dtype=dtype, seed=cfg.seed)
+    attach_screens(spec, output, policy)
     try:
         with EnvPool.for_config(spec, cfg.env) as pool:
             result = evaluate(spec, pool, policy, eval_tasks, split=eval_split, env_config=cfg.env,
@@ -431,12 +446,17 @@ def train_examples(trainer: Any, examples: list[SFTExample], cfg: Any, label: st
     return out
 
 
-def save_model(trainer: Any, tokenizer: Any, output: Path) -> None:
-    """The trained model (gathered from its ZeRO shards) and its tokenizer, in Hugging Face format."""
+def save_model(trainer: Any, tokenizer: Any, output: Path, model_dir: Path | None = None) -> None:
+    """The trained model (gathered from its ZeRO shards) and its tokenizer, in Hugging Face format;
+    a vision-language model's processor too (from `model_dir`, the folder it was trained from)."""
     output.mkdir(parents=True, exist_ok=True)
     with trainer.gathered_parameters() as module:
         module.save_pretrained(output)
     tokenizer.save_pretrained(output)
+    if model_dir is not None and is_vision_language(model_dir):
+        from transformers import AutoProcessor
+
+        AutoProcessor.from_pretrained(model_dir).save_pretrained(output)
 
 
 def _write_teacher_spec(cfg: SFTConfig, output: Path, tokenizer: Any, recipe: str | None, dtype: str,

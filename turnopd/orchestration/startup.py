@@ -5,6 +5,7 @@ them, and restore the last checkpoint of a resumed run. `open_run` returns the D
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import random
 import sys
 from dataclasses import dataclass
@@ -22,7 +23,9 @@ from turnopd.core import checkpoint as ckpt
 from turnopd.core.distributed import barrier, rank_and_world
 from turnopd.core.ledger import Ledger
 from turnopd.core.metrics import WorkSpent, truncate_after_step
+from turnopd.core.pixels import PixelStore, default_pixel_root
 from turnopd.engines.hf_models import load_student
+from turnopd.engines.screens import ScreenPixels, attach_screens
 from turnopd.models import prepare_model
 from turnopd.orchestration.outcomes import Outcomes
 from turnopd.orchestration.preflight import Setup, check_setup, run_dir_for
@@ -56,6 +59,7 @@ class DistillRun:
     depth: DepthSchedule
     spent: WorkSpent  # the training clock and work so far (trainer.budget counts in them)
     outcomes: Outcomes  # the outcome rewards' state (WMRL's corrections)
+    screens: ScreenPixels | None = None  # an env that shows screenshots: the student's pixels, by key
 
     @property
     def budget_reached(self) -> bool:
@@ -119,6 +123,18 @@ def load_models(cfg: RunConfig, setup: Setup) -> tuple[Trainer, Any, Policy, dic
     return trainer, tokenizer, policy, teachers
 
 
+def run_pixel_store(cfg: RunConfig, spec: Any, run_dir: Path) -> None:
+    """The env's pixel store for this run, emptied: by default a folder named after the run folder on
+    the node's shared memory (a resumed run finds and frees what its killed self left), else the
+    recipe's env.options.pixel_store."""
+    if getattr(spec, "pixel_store", None) is None:
+        return
+    if "pixel_store" not in cfg.env.options:
+        digest = hashlib.blake2b(str(run_dir.resolve()).encode(), digest_size=6).hexdigest()
+        spec.pixel_store = PixelStore(default_pixel_root(f"{run_dir.name}-{digest}"))
+    spec.pixel_store.clear()
+
+
 def open_run(cfg: RunConfig, resume: str | None = None) -> DistillRun:
     """Check the recipe's setup (before any heavy work), build and load the models, and restore the
     last checkpoint of a resumed run (a run killed before its first checkpoint starts over)."""
@@ -129,6 +145,10 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> DistillRun:
     build_missing_models(cfg, setup)
     seed_everything(cfg.seed)  # after the builds, which draw random numbers of their own
     trainer, tokenizer, policy, teachers = load_models(cfg, setup)
+    run_pixel_store(cfg, setup.spec, run_dir)
+    screens = attach_screens(setup.spec, setup.student_path, trainer, policy)
+    for teacher in (t for t in teachers.values() if getattr(t, "reads_screenshots", False)):
+        attach_screens(setup.spec, teacher.model_dir, teacher)  # a VLM teacher: its own processor
     depth = make_depth_schedule(cfg.depth, horizon=cfg.env.max_turns)
     outcomes = Outcomes(cfg)
 
@@ -147,4 +167,4 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> DistillRun:
             print(f"resuming {run_dir} from step {start_step} ({dropped} records past it dropped)")
     log = RunLog(cfg, run_dir, ledger, start_step, setup)
     return DistillRun(cfg, setup, run_dir, start_step, ledger, log, trainer, tokenizer, policy, teachers, depth, spent,
-                      outcomes)
+                      outcomes, screens)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -66,7 +66,8 @@ class Policy(Protocol):
     max_model_len: int  # prompt + generated tokens must fit
     before_batch: Callable[[], None] | None
 
-    async def generate(self, prompt: list[int], sampling: SamplingParams) -> Generation: ...
+    # image_keys: the pixel-store keys of the screenshots in the prompt's image positions (a VLM student)
+    async def generate(self, prompt: list[int], sampling: SamplingParams, image_keys: Sequence[str] = ()) -> Generation: ...
     def session(self) -> AbstractContextManager[None]: ...
     def update_weights(self, model: Any) -> None: ...  # new student weights (a module or state dict)
     def close(self) -> None: ...

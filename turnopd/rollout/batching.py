@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,13 +35,15 @@ class PendingGeneration:
     sampling: SamplingParams
     future: asyncio.Future = field(repr=False)
     since: float = 0.0  # loop time it was submitted
+    image_keys: list[str] = field(default_factory=list)
 
 
 class MicroBatcher:
-    """`await submit(prompt, sampling)`: the request's Generation, from a call
-    `run_batch(prompts, samplings)` (rows of equal settings but their seeds)."""
+    """`await submit(prompt, sampling, image_keys)`: the request's Generation, from a call
+    `run_batch(prompts, samplings, image_keys)` (rows of equal settings but their seeds; each row's
+    screenshot keys)."""
 
-    def __init__(self, run_batch: Callable[[list[list[int]], list[SamplingParams]], list[Generation]],
+    def __init__(self, run_batch: Callable[[list[list[int]], list[SamplingParams], list[list[str]]], list[Generation]],
                  max_rows: int, wait_s: float = DEFAULT_WAIT_S):
         self.run_batch, self.max_rows, self.wait_s = run_batch, max_rows, wait_s
         self.before_batch: Callable[[], None] | None = None
@@ -71,9 +73,9 @@ class MicroBatcher:
             self._sessions -= 1
             self._wake.set()  # a batch may have been waiting for this episode
 
-    async def submit(self, prompt: list[int], sampling: SamplingParams) -> Generation:
+    async def submit(self, prompt: list[int], sampling: SamplingParams, image_keys: Sequence[str] = ()) -> Generation:
         loop = self._bind()
-        request = PendingGeneration(prompt, sampling, loop.create_future(), loop.time())
+        request = PendingGeneration(prompt, sampling, loop.create_future(), loop.time(), list(image_keys))
         self._pending.append(request)
         self._wake.set()
         if self._draining is None or self._draining.done():
@@ -109,7 +111,7 @@ class MicroBatcher:
             if self.before_batch is not None:
                 self.before_batch()
             self.batch_sizes.append(len(group))
-            return self.run_batch([r.prompt for r in group], [r.sampling for r in group])
+            return self.run_batch([r.prompt for r in group], [r.sampling for r in group], [r.image_keys for r in group])
 
 
 def _groups(requests: list[PendingGeneration], max_rows: int) -> list[list[PendingGeneration]]:

@@ -29,13 +29,34 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import nullcontext
 from typing import Any
 
-from envs.base import EnvSpec, PromptContext, recent_pairs
+from envs.base import IMAGE_PLACEHOLDER, EnvSpec, PromptContext, recent_pairs, screenshot_view
 from turnopd.algorithm.judge import Decision
 from turnopd.config import EnvConfig
 from turnopd.core.faults import failpoint
+from turnopd.core.text import expand_placeholders
 from turnopd.core.types import Trajectory, Turn
 from turnopd.rollout.base import Policy, SamplingParams, request_seed
 from turnopd.rollout.completion import check_prompt_lengths
+
+
+def student_prompt(spec: EnvSpec, tokenizer: Any, image_tokens: int, ctx: PromptContext, page_keys: Sequence[str]
+                   ) -> tuple[list[int], list[str], list[int] | None]:
+    """The token ids of a turn's prompt as the policy sees it, the screenshots they show and, in an
+    env that shows screenshots (`spec.screenshot_window`), the text prompt a text teacher reads
+    instead: a vision-language policy's prompt (`image_tokens` positions an image) has an image in
+    place of each page the window shows (envs.base.screenshot_view); a policy that reads no images
+    (image_tokens 0: the text teacher played as a policy, in its evaluation) reads the pages' text.
+    `page_keys`: the screenshot keys of ctx.history's pages, then the current page's."""
+    text = chat_prompt_ids(tokenizer, spec.render_prompt(ctx))
+    if not getattr(spec, "screenshot_window", 0) or not image_tokens:
+        return text, [], None
+    view, keys = screenshot_view(ctx, page_keys, spec.screenshot_window)
+    placeholder = tokenizer.convert_tokens_to_ids(IMAGE_PLACEHOLDER)
+    ids = chat_prompt_ids(tokenizer, spec.render_prompt(view))
+    if ids.count(placeholder) != len(keys):
+        raise ValueError(f"the policy's tokenizer ({getattr(tokenizer, 'name_or_path', '?')}) does not keep "
+                         f"{IMAGE_PLACEHOLDER} as one token: {ids.count(placeholder)} in a prompt of {len(keys)} images")
+    return expand_placeholders(ids, placeholder, image_tokens), keys, text
 
 
 def chat_prompt_ids(tokenizer: Any, user_message: str) -> list[int]:
@@ -77,27 +98,30 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
         first_observation = outcome.observation
         judging = judge is not None and not trajectory.world_model  # a model step costs no real run to save
         history: list[tuple[str, str]] = []  # (observation, action), all turns
+        page_keys: list[str] = []  # their pages' screenshot keys, in an env that shows screenshots
         for action_text in replay:
             if outcome.done:
                 break
             with busy(env):
                 next_outcome = await pool.step_slot(slot, action_text)
             history.append((outcome.observation, action_text))
+            page_keys.append(outcome.info.get("screenshot", ""))
             outcome = next_outcome
         for turn_index in range(len(history), len(history) + turn_limit):
             if outcome.done:
                 break
-            prompt = chat_prompt_ids(policy.tokenizer, spec.render_prompt(PromptContext(
-                task=goal, step=turn_index, observation=outcome.observation,
-                history=recent_pairs(history, env_config.history_length),
-                admissible=outcome.admissible, answer_format=env_config.answer_format,
-            )))
+            ctx = PromptContext(task=goal, step=turn_index, observation=outcome.observation,
+                                history=recent_pairs(history, env_config.history_length),
+                                admissible=outcome.admissible, answer_format=env_config.answer_format)
+            prompt, image_keys, teacher_prompt = student_prompt(
+                spec, policy.tokenizer, getattr(policy, "image_tokens", 0), ctx,
+                [*recent_pairs(page_keys, env_config.history_length), outcome.info.get("screenshot", "")])
             check_prompt_lengths([prompt], sampling.max_new_tokens, policy.max_model_len,
                                  hint=f"Lower env.history_length (now {env_config.history_length}) or "
                                       f"policy.max_new_tokens (now {sampling.max_new_tokens}).")
             with busy("generation"):
                 generation = await policy.generate(prompt, dataclasses.replace(
-                    sampling, seed=request_seed(sampling.seed, episode, turn_index)))
+                    sampling, seed=request_seed(sampling.seed, episode, turn_index)), image_keys)
             if judging:
                 generation = await judge.select(policy, prompt, sampling, generation, busy, Decision(
                     task_id, episode, goal, first_observation, list(history), outcome.observation,
@@ -112,8 +136,10 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
                 index=turn_index, observation=outcome.observation, prompt_ids=prompt, action_ids=generation.token_ids,
                 student_logprobs=generation.logprobs, action_text=generation.text,
                 reward=next_outcome.reward - (env_config.invalid_action_penalty if invalid else 0.0), invalid=invalid,
+                image_keys=image_keys, teacher_prompt_ids=teacher_prompt,
             ))
             history.append((outcome.observation, action.action))
+            page_keys.append(outcome.info.get("screenshot", ""))
             outcome = next_outcome
     trajectory.final_observation = outcome.observation
     if outcome.done:

@@ -14,13 +14,14 @@ the same quantity (`logprobs_mode="raw_logprobs"`).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from turnopd.config import PolicyConfig
-from turnopd.engines.hf_models import load_model, model_max_length
+from turnopd.engines.hf_models import image_tokens_of, load_model, model_max_length
 from turnopd.engines.lora import load_sync_state, sync_state
 from turnopd.rollout.base import POLICY_BACKENDS, Generation, SamplingParams
 from turnopd.rollout.batching import DEFAULT_WAIT_S, MicroBatcher
@@ -83,6 +84,11 @@ class TransformersPolicy:
     config.options: `max_model_len` (default: the model's position limit), `batch_wait_s` (how
     long a batch may wait for the requests of other active episodes, default 0.05 s; see
     turnopd.rollout.batching).
+
+    A vision-language student (a config with a vision tower) reads screenshots: `image_tokens` is
+    the number of prompt positions one image fills, and `screens` (set by whoever holds the pixel
+    store, turnopd.orchestration.startup) turns a batch's screenshot keys into its pixel_values when
+    the batch is built, so that only keys wait in the queue.
     """
 
     def __init__(self, model: str | os.PathLike[str] | nn.Module, config: PolicyConfig, *,
@@ -102,6 +108,8 @@ class TransformersPolicy:
         self.pad_id = int(pad)
         self.seed = seed
         self.weight_version = 0
+        self.image_tokens = image_tokens_of(self.model.config)
+        self.screens: Callable[[list[str]], torch.Tensor] | None = None
         # rows of similar length batched together: every row is padded to its batch's longest
         # (64 WebShop prompts of 145-1944 tokens: 1.8x faster than batches in arrival order,
         # benchmarks/generation_batching.py)
@@ -116,24 +124,29 @@ class TransformersPolicy:
     def before_batch(self, hook):
         self._batcher.before_batch = hook
 
-    async def generate(self, prompt: list[int], sampling: SamplingParams) -> Generation:
+    async def generate(self, prompt: list[int], sampling: SamplingParams, image_keys: Sequence[str] = ()) -> Generation:
         check_prompt_lengths([prompt], sampling.max_new_tokens, self.max_model_len)
-        return await self._batcher.submit(prompt, sampling)
+        if image_keys and (not self.image_tokens or self.screens is None):
+            raise ValueError("a prompt with screenshots needs a vision-language student and a pixel store "
+                             f"(image_tokens {self.image_tokens}, screens {'set' if self.screens else 'unset'})")
+        return await self._batcher.submit(prompt, sampling, image_keys)
 
     def session(self):
         return self._batcher.session()
 
-    def _generate_rows(self, rows: list[list[int]], samplings: list[SamplingParams]) -> list[Generation]:
+    def _generate_rows(self, rows: list[list[int]], samplings: list[SamplingParams],
+                       image_keys: list[list[str]]) -> list[Generation]:
         """One `model.generate` call over rows of equal sampling settings (their seeds aside)."""
         was_training = self.model.training
         self.model.eval()
         try:
-            return self._generate_batch(rows, samplings)
+            return self._generate_batch(rows, samplings, image_keys)
         finally:
             self.model.train(was_training)
 
     @torch.inference_mode()
-    def _generate_batch(self, rows: list[list[int]], samplings: list[SamplingParams]) -> list[Generation]:
+    def _generate_batch(self, rows: list[list[int]], samplings: list[SamplingParams],
+                        image_keys: list[list[str]]) -> list[Generation]:
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         sampling = samplings[0]
@@ -152,13 +165,18 @@ class TransformersPolicy:
             min_length=0, typical_p=1.0, repetition_penalty=1.0, no_repeat_ngram_size=0,
             eos_token_id=sorted(self.eos_ids), pad_token_id=self.pad_id,
             return_dict_in_generate=True, output_logits=True,
+            # a VLM never writes its image token: in an answer it would be taken for an image position
+            suppress_tokens=[self.model.config.image_token_id] if self.image_tokens else None,
         )
         sampler = [] if sampling.temperature == 0 else [RowSampler([s.seed for s in samplings], sampling.temperature,
                                                                     sampling.top_p, device)]
         stopping = StoppingCriteriaList([_StopStrings(self.tokenizer, sampling.stop, width)] if sampling.stop else [])
+        # a VLM fills the image positions row by row, placeholder by placeholder: the keys in that order
+        keys = [key for row_keys in image_keys for key in row_keys]
+        images = {"pixel_values": self.screens(keys).to(device, self.model.dtype)} if keys else {}
         out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                                   generation_config=gen_config, logits_processor=LogitsProcessorList(sampler),
-                                  stopping_criteria=stopping)
+                                  stopping_criteria=stopping, **images)
         new_tokens = out.sequences[:, width:]
         # out.logits: one [rows, vocab] tensor per step, before any processor (the row sampler);
         # gathered on the model's device and copied over once, not once per step

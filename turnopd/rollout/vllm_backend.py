@@ -19,7 +19,7 @@ import itertools
 import os
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -180,10 +180,12 @@ class VLLMPolicy:
     def session(self):
         return contextlib.nullcontext()  # continuous batching: a request joins at the next engine step
 
-    async def generate(self, prompt: list[int], sampling: SamplingParams) -> Generation:
+    async def generate(self, prompt: list[int], sampling: SamplingParams, image_keys: Sequence[str] = ()) -> Generation:
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        if image_keys:  # refused at the recipe check (turnopd.orchestration.recipe): this says why if reached
+            raise ValueError("the vllm policy backend does not take screenshots; use policy.backend=transformers")
         check_prompt_lengths([prompt], sampling.max_new_tokens, self.max_model_len)
         params = VLLMSamplingParams(
             temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_new_tokens,

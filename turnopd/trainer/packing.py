@@ -43,6 +43,7 @@ class MicroBatch:
     action_index: torch.Tensor  # [n_scored]
     num_tokens: int  # real (non-padding) tokens
     num_padding: int
+    image_keys: tuple[str, ...] = ()  # the rows' screenshots, row by row in placeholder order (a VLM student)
 
 
 def build_micro_batch(batch: TokenBatch, seq_indices: list[int], pad_id: int = 0) -> MicroBatch:
@@ -63,7 +64,9 @@ def build_micro_batch(batch: TokenBatch, seq_indices: list[int], pad_id: int = 0
         raise ValueError("a sequence starts with an action token: its log-prob has no context to be "
                          "predicted from (every sequence must begin with prompt tokens)")
     num_tokens = sum(s.stop - s.start for s in rows)
-    return MicroBatch(input_ids, scored, torch.cat(action_index), num_tokens, len(rows) * max_len - num_tokens)
+    image_keys = tuple(key for i in seq_indices for key in batch.image_keys[i]) if batch.image_keys else ()
+    return MicroBatch(input_ids, scored, torch.cat(action_index), num_tokens, len(rows) * max_len - num_tokens,
+                      image_keys)
 
 
 def padding_micro_batch(pad_id: int = 0) -> MicroBatch:

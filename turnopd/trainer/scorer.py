@@ -54,13 +54,20 @@ def shared_prefix_length(input_ids: torch.Tensor) -> int:
     return min(int(differs[0]) if len(differs) else length, length - 1)
 
 
-def decode(model: nn.Module, input_ids: torch.Tensor, share_prefix: bool) -> torch.Tensor:
+def decode(model: nn.Module, input_ids: torch.Tensor, share_prefix: bool,
+           pixel_values: torch.Tensor | None = None) -> torch.Tensor:
     """The decoder's last hidden states [rows, L, d] of right-padded `input_ids` [rows, L].
+
+    With `pixel_values` [images, C, H, W] (a vision-language student: the images of the rows' image
+    positions, row by row), the multimodal model runs: its vision tower's features fill the image
+    positions before the decoder, whole rows (a prefix holding images is not shared).
 
     With `share_prefix`, a prefix of P >= MIN_SHARED_PREFIX tokens common to all rows runs once on one
     row, its keys/values repeated for the rows' own tokens: (rows - 1) * P fewer token positions in
     the forward and backward, and the same states up to float rounding. Not under activation
     checkpointing, which keeps no key/value cache."""
+    if pixel_values is not None:
+        return model.model(input_ids=input_ids, pixel_values=pixel_values, use_cache=False).last_hidden_state
     decoder = model.get_decoder()
     prefix = shared_prefix_length(input_ids) if share_prefix and not model.is_gradient_checkpointing else 0
     if prefix < MIN_SHARED_PREFIX:
@@ -117,7 +124,7 @@ class ActionScorer(nn.Module):
         return self.model.get_output_embeddings().weight  # tied models: the input embedding itself
 
     def forward(self, input_ids: torch.Tensor, scored: torch.Tensor, estimator: Estimator, settings: Any,
-                inputs: TokenInputs) -> dict[str, torch.Tensor]:
+                inputs: TokenInputs, pixel_values: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """`loss`: the per-token loss l_p of `estimator` at the scored tokens of right-padded `input_ids`
         [rows, L] (no attention mask needed: a real token attends only to earlier positions, all real).
 
@@ -130,9 +137,10 @@ class ActionScorer(nn.Module):
         `kl`: the per-token KL the metrics report, the full-vocabulary divergence itself, else the
         sampled-token estimate s - T. With an `inputs.advantage`, `loss` is l_p + reward_weight * g_p,
         g_p the reward term's `policy_gradient_loss` (its ratio against the sampling log-prob, under
-        objective.clip_eps and dual_clip).
+        objective.clip_eps and dual_clip). `pixel_values`: the images of a vision-language student's
+        image positions (see `decode`).
         """
-        hidden = decode(self.model, input_ids, self.share_prefix)
+        hidden = decode(self.model, input_ids, self.share_prefix, pixel_values)
         hidden, token_ids = select_predicting(hidden, input_ids, scored)
         if estimator.needs_teacher_model:
             inputs = dataclasses.replace(inputs, student_hidden=hidden, student_head=self.head_weight)

@@ -252,6 +252,9 @@ class Trainer:
                              "ranks: each rank trains an equal share of every update's rows")
         self.steps_taken = 0  # step() calls completed (applied or skipped)
         self.bad_streak = 0  # skipped steps in a row
+        # a vision-language student: its batches' screenshot keys -> pixel_values, fetched from the pixel
+        # store as each micro-batch runs (turnopd.engines.screens.ScreenPixels; set by the run's start-up)
+        self.screens: Any = None
 
     @property
     def module(self) -> nn.Module:
@@ -278,6 +281,10 @@ class Trainer:
         with trainer.turn_rows_per_update one per that many turn rows (see the module docstring)."""
         self._check_batch(batch)
         tokens = ActionTokens.of(batch)
+        keys = [key for sequence_keys in batch.image_keys for key in sequence_keys]
+        (missing,) = self._sum_over_ranks([len(self.screens.missing(keys)) if keys else 0])
+        if missing:  # a screenshot lost from the store: the batch is dropped, not trained on blind
+            return self._dropped(batch.num_trajectories, int(missing))
         (num_action,) = self._sum_over_ranks([tokens.count])
         if num_action == 0:
             raise ValueError("the batch has no action tokens to train on (on any rank)")
@@ -308,6 +315,18 @@ class Trainer:
                 f"grad_norm={grad_norm}. Lower trainer.lr, check the teacher log-probs, or set "
                 "objective.clip_eps")
         return metrics
+
+    def _dropped(self, num_trajectories: int, missing: int) -> dict[str, Any]:
+        """The result of a step whose batch was dropped (every rank agrees): no forward, no update; its
+        loss and KL were not measured (NaN), its trajectories have no per-turn KL."""
+        self.steps_taken += 1
+        nothing = [[] for _ in range(num_trajectories)]
+        return {"loss": float("nan"), "mean_kl": float("nan"), "deep_turn_share": 0.0,
+                "turn_kl": [kls for part in gather_objects(nothing) for kls in part], "turn_signals": {},
+                "tokens_trained": 0, "action_tokens": 0, "padding_share": 0.0, "grad_norm": None,
+                "lr": float(self.engine.get_lr()[0]), "num_micro_batches": 0, "optimizer_updates": 0,
+                "skipped": True, "dropped": True, "missing_screenshots": missing, "train_parts": {},
+                "familiarity_kept_share": None}
 
     def _update(self, plan: UpdatePlan, tokens: ActionTokens, alpha: float, weights: torch.Tensor,
                 tally: StepTally) -> UpdateResult:
@@ -387,7 +406,8 @@ class Trainer:
             mb = micro_batches[i] if i < len(micro_batches) else padding_micro_batch()
             unused = torch.zeros(int(mb.scored.sum()), device=self.device)
             nll = self.engine(mb.input_ids.to(self.device), mb.scored.to(self.device), ESTIMATORS.get("nll"),
-                              self.objective, TokenInputs(sampling=unused, teacher=unused))["loss"]
+                              self.objective, TokenInputs(sampling=unused, teacher=unused),
+                              pixel_values=self._pixel_values(mb))["loss"]
             if mb.num_tokens:
                 out[mb.action_index] = -nll.float().cpu()
         return out
@@ -476,8 +496,14 @@ class Trainer:
         if self.estimator.needs_teacher_model:
             inputs = dataclasses.replace(inputs, teacher_hidden=teacher_hidden,
                                          teacher_head=self.teacher.get_output_embeddings().weight)
-        out = self.engine(ids, scored, self.estimator, self.objective, inputs)
+        out = self.engine(ids, scored, self.estimator, self.objective, inputs, pixel_values=self._pixel_values(mb))
         return out["loss"], out["kl"]
+
+    def _pixel_values(self, mb: MicroBatch) -> torch.Tensor | None:
+        """The micro-batch's screenshots as the student's pixel_values, fetched now (None: no images)."""
+        if not mb.image_keys:
+            return None
+        return self.screens(list(mb.image_keys)).to(self.device, next(self.module.parameters()).dtype)
 
     def _padding_loss(self, mb: MicroBatch) -> torch.Tensor:
         """Zero times the student's log-prob of the padding token: a backward through every trained

