@@ -41,7 +41,7 @@ from turnopd.rollout.engine import rollout
 from turnopd.trainer import Trainer
 
 MODELS = Path("~/.cache/turnopd/models").expanduser()
-TEXT_MODEL = MODELS / "webshop-screenshot-teacher"
+TEXT_MODEL = Path("runs/teachers/webshop/screenshot-teacher")
 VLM = MODELS / "webshop-screenshot-student-sft100"
 
 

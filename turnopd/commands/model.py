@@ -98,7 +98,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     q = model_sub.add_parser("prepare", help="build a model once (tiny from an env's text, or smollm2-135m)",
                              description="Prepare a model folder (Hugging Face format). Rerunning with the same "
                                          "options finds it and does nothing.")
-    q.add_argument("name", help="tiny | smollm2-135m")
+    q.add_argument("name", help="a model preparation: tiny | smollm2-135m | tiny_vlm | sft (options other than tiny's "
+                                "are a recipe's prepare_options)")
     q.add_argument("--out", help="folder to write (default ~/.cache/turnopd/models/NAME)")
     tiny = q.add_argument_group("tiny")
     tiny.add_argument("--env", default="alfworld", help="env whose text the tokenizer is built from")

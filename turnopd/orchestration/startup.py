@@ -96,7 +96,8 @@ def restore_checkpoint(run_dir: Path, trainer: Trainer) -> dict[str, Any] | None
 
 def save_checkpoint(run: DistillRun, step: int) -> None:
     """The trainer's state and the loop's (clocks, depth controller) after `step` optimizer steps."""
-    ckpt.save_checkpoint(run.run_dir, step, run.trainer, run.tokenizer, {
+    # a vision-language student's processor saves its tokenizer and image settings: a complete model folder
+    ckpt.save_checkpoint(run.run_dir, step, run.trainer, run.screens.processor if run.screens else run.tokenizer, {
         "train_time_s": run.ledger.train_time(), "wall_time_s": run.ledger.wall_time(),
         "depth": run.depth.state_dict(), "spent": dataclasses.asdict(run.spent),
         "outcomes": run.outcomes.state_dict()}, run.cfg.checkpoint.keep_last)
