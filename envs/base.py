@@ -105,6 +105,13 @@ IMAGE_PLACEHOLDER = "<image>"  # where a screenshot goes in a prompt's text (a V
 HIDDEN_PAGE = "(page not shown)"  # a page older than the screenshot window
 
 
+def shows_screenshots(spec: Any) -> bool:
+    """Whether an EnvSpec (or its class) shows its pages as screenshots: such a spec sets
+    `shows_screenshots = True` and has `screenshot_window` (the pages a prompt shows as images),
+    `pixel_store` (turnopd.core.pixels) and `put_screenshot(observation, admissible)` (envs/webshop/screenshot.py)."""
+    return getattr(spec, "shows_screenshots", False)
+
+
 def screenshot_view(ctx: PromptContext, keys: Sequence[str], window: int) -> tuple[PromptContext, list[str]]:
     """The student's view of a turn in an env that shows screenshots: the current page and the
     pages of the last `window` - 1 turns of ctx.history as IMAGE_PLACEHOLDER, older pages of the

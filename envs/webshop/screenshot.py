@@ -116,11 +116,11 @@ class WebShopScreenshotSpec(WebShopSpec):
     last rounds' screenshots), `pixel_store` (the store's folder; default a fresh folder on the
     node's shared memory, turnopd.core.pixels.default_pixel_root). The observation text stays in
     every outcome: a text teacher reads it, and the rollout engine puts the screenshots in its
-    place in the student's prompt (envs.base.screenshot_context)."""
+    place in the student's prompt (envs.base.screenshot_view)."""
 
     name = "webshop_screenshot"
     observation_version = WebShopSpec.observation_version
-    shows_screenshots = True  # what the recipe check reads (turnopd.orchestration.recipe.check_screenshots)
+    shows_screenshots = True  # envs.base.shows_screenshots: the rollout engine, SFT, start-up and the recipe check read it
 
     def __init__(self, config: Any, data_dir: str | None = None):
         options = dict(config.options)

@@ -19,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from envs.base import EnvSpec, PromptContext, recent_pairs
+from envs.base import EnvSpec, PromptContext, recent_pairs, shows_screenshots
 
 
 def _env_spec(args: argparse.Namespace) -> tuple[EnvSpec, Any]:
@@ -113,7 +113,7 @@ def play(args: argparse.Namespace) -> int:
                 print("(the env did not accept that command)")
     finally:
         env.close()
-        if hasattr(spec, "pixel_store"):
+        if shows_screenshots(spec):
             spec.pixel_store.clear()
     print(f"\n{outcome.observation}\nend after {step} steps: won={outcome.won} reward={outcome.reward:g}"
           f"{'' if outcome.done else ' (not finished)'}")

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from envs.base import shows_screenshots
 from turnopd.core.pixels import PixelStore
 
 
@@ -69,12 +70,12 @@ class ScreenPixels:
 
 
 def attach_screens(spec: Any, model_dir: str | os.PathLike[str], *consumers: Any) -> ScreenPixels | None:
-    """In an env that shows screenshots (`spec.screenshot_window`): the student's pixel source over
+    """In an env that shows screenshots (envs.base.shows_screenshots): the student's pixel source over
     the env's pixel store, set as `screens` of each consumer (its policy, its trainer); None in an
     env of text."""
     from turnopd.engines.hf_models import is_vision_language
 
-    if not getattr(spec, "screenshot_window", 0):
+    if not shows_screenshots(spec):
         return None
     if not is_vision_language(model_dir):
         raise ValueError(f"env {spec.name} shows screenshots, but the student {model_dir} has no vision tower; "

@@ -86,6 +86,44 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 4096,
     )
 
 
+def check_text_shape(arch: str, hidden_size: int, num_heads: int) -> None:
+    """A tiny text model's shape, checked before anything is built: a known arch, and a head size
+    vLLM's CPU attention runs."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown tiny-model arch {arch!r}; allowed: {', '.join(ARCHS)}")
+    if hidden_size % num_heads:
+        raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+    if hidden_size // num_heads not in HEAD_DIMS:
+        raise ValueError(f"head size hidden_size/num_heads = {hidden_size // num_heads} is not one vLLM's CPU "
+                         f"attention runs; allowed: {', '.join(map(str, HEAD_DIMS))}")
+
+
+def text_config(tok: Any, *, arch: str, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
+                intermediate_size: int, max_position_embeddings: int, tie_word_embeddings: bool) -> Any:
+    """The transformers config of a tiny text model over tokenizer `tok` (a tiny model's, or a tiny
+    VLM's language model)."""
+    return AutoConfig.for_model(
+        arch,
+        vocab_size=len(tok),
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        dtype="float32",
+    )
+
+
+def corpus_source(texts: list[str]) -> dict[str, Any]:
+    """What a build record says of the corpus a tokenizer was trained on."""
+    return {"corpus_texts": len(texts), "corpus_sha256": hashlib.sha256("\x00".join(texts).encode()).hexdigest()}
+
+
 def build_tiny_model(
     out_dir: str | Path,
     texts: Iterable[str] = (),
@@ -112,13 +150,7 @@ def build_tiny_model(
     temporary sibling folder and renames it, so an interrupted build leaves no half model.
     Returns out_dir.
     """
-    if arch not in ARCHS:
-        raise ValueError(f"unknown tiny-model arch {arch!r}; allowed: {', '.join(ARCHS)}")
-    if hidden_size % num_heads:
-        raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
-    if hidden_size // num_heads not in HEAD_DIMS:
-        raise ValueError(f"head size hidden_size/num_heads = {hidden_size // num_heads} is not one vLLM's CPU "
-                         f"attention runs; allowed: {', '.join(map(str, HEAD_DIMS))}")
+    check_text_shape(arch, hidden_size, num_heads)
     texts = list(texts)
     if bool(texts) == (tokenizer is not None):
         raise ValueError("build_tiny_model needs either texts to build a tokenizer from or a `tokenizer` "
@@ -140,23 +172,10 @@ def build_tiny_model(
     else:
         tok = build_tokenizer(texts, vocab_size=vocab_size, model_max_length=max_position_embeddings,
                               image_token=image_token)
-        source = {"corpus_texts": len(texts),
-                  "corpus_sha256": hashlib.sha256("\x00".join(texts).encode()).hexdigest()}
-    config = AutoConfig.for_model(
-        arch,
-        vocab_size=len(tok),
-        hidden_size=hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=options["num_kv_heads"],
-        intermediate_size=options["intermediate_size"],
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=tie_word_embeddings,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        dtype="float32",
-    )
+        source = corpus_source(texts)
+    config = text_config(tok, arch=arch, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                         num_kv_heads=options["num_kv_heads"], intermediate_size=options["intermediate_size"],
+                         max_position_embeddings=max_position_embeddings, tie_word_embeddings=tie_word_embeddings)
     with torch.random.fork_rng(devices=[]):  # seed the init without touching the caller's RNG
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config)

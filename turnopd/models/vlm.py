@@ -35,11 +35,10 @@ Everything is seeded: the same options give the same weights on one machine and 
 
 from __future__ import annotations
 
-import hashlib
 import math
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -75,16 +74,6 @@ HF_VISION_PREFIX, VLLM_VISION_PREFIX = "vision_tower.", "vision_tower.vision_mod
 
 
 # ---- the model ------------------------------------------------------------------------------------
-
-def build_vlm_tokenizer(texts: Iterable[str], vocab_size: int = 4096,
-                        model_max_length: int = 4096) -> PreTrainedTokenizerBase:
-    """tiny.build_tokenizer's byte-level BPE with its image placeholder token `<image>` (special:
-    never the result of a merge, and "<image><image>" is two of it); a text teacher built with
-    image_token=True on the same texts has the same vocabulary."""
-    from turnopd.models.tiny import build_tokenizer
-
-    return build_tokenizer(texts, vocab_size=vocab_size, model_max_length=model_max_length, image_token=True)
-
 
 def build_image_processor(num_channels: int = 3) -> SiglipImageProcessorPil:
     """A screen goes in unchanged in size (no resize, no crop); pixels x = v / 255 then (x - 0.5) / 0.5,
@@ -123,33 +112,21 @@ def new_tiny_vlm(
     The tokenizer is trained on `texts`; text head size hidden_size / num_heads must be one of
     tiny.HEAD_DIMS. intermediate sizes default to 4 x hidden. Untied embeddings (as tiny.py: vLLM's
     in-place weight reload is exact only for untied models)."""
-    from transformers import (
-        AutoConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-        LlavaProcessor,
-        SiglipVisionConfig,
-    )
+    from transformers import LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor, SiglipVisionConfig
 
-    from turnopd.models.tiny import ARCHS, HEAD_DIMS
+    from turnopd.models.tiny import build_tokenizer, check_text_shape, text_config
 
-    if arch not in ARCHS:
-        raise ValueError(f"unknown tiny-model arch {arch!r}; allowed: {', '.join(ARCHS)}")
-    if hidden_size % num_heads or hidden_size // num_heads not in HEAD_DIMS:
-        raise ValueError(f"text head size hidden_size/num_heads = {hidden_size}/{num_heads} is not one vLLM's CPU "
-                         f"attention runs; allowed: {', '.join(map(str, HEAD_DIMS))}")
+    check_text_shape(arch, hidden_size, num_heads)
     if SCREEN_PIXELS % patch_size:
         raise ValueError(f"patch_size {patch_size} does not divide the screen's {SCREEN_PIXELS} pixels")
     if num_channels not in (1, 3):
         raise ValueError(f"num_channels must be 1 (grayscale) or 3 (replicated RGB), not {num_channels}")
-    tok = build_vlm_tokenizer(texts, vocab_size=vocab_size, model_max_length=max_position_embeddings)
-    text_config = AutoConfig.for_model(
-        arch, vocab_size=len(tok), hidden_size=hidden_size, num_hidden_layers=num_layers,
-        num_attention_heads=num_heads, num_key_value_heads=num_heads,
-        intermediate_size=intermediate_size or 4 * hidden_size, max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
+    # tiny.build_tokenizer's byte-level BPE with the image placeholder: a text teacher built with
+    # image_token=True on the same texts has the same vocabulary
+    tok = build_tokenizer(texts, vocab_size=vocab_size, model_max_length=max_position_embeddings, image_token=True)
+    language = text_config(tok, arch=arch, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                           num_kv_heads=num_heads, intermediate_size=intermediate_size or 4 * hidden_size,
+                           max_position_embeddings=max_position_embeddings, tie_word_embeddings=False)
     vision_config = SiglipVisionConfig(
         image_size=SCREEN_PIXELS, patch_size=patch_size, num_channels=num_channels,
         hidden_size=vision_hidden_size, num_hidden_layers=vision_layers, num_attention_heads=vision_heads,
@@ -157,7 +134,7 @@ def new_tiny_vlm(
         vision_use_head=False,  # the pooling head makes one vector of the image; LLaVA reads the patches
     )
     config = LlavaConfig(
-        vision_config=vision_config, text_config=text_config,
+        vision_config=vision_config, text_config=language,
         image_token_index=tok.convert_tokens_to_ids(IMAGE_TOKEN),
         image_seq_length=(SCREEN_PIXELS // patch_size) ** 2,
         vision_feature_select_strategy="full", vision_feature_layer=-1,
@@ -197,16 +174,14 @@ def save_vlm(model: LlavaForConditionalGeneration, processor: LlavaProcessor, fo
 
 def build_tiny_vlm(out_dir: str | Path, texts: Sequence[str], **size: Any) -> Path:
     """new_tiny_vlm(texts, **size), untrained, saved to out_dir with its build record. Returns out_dir."""
+    from turnopd.models.tiny import corpus_source
+
     out_dir = Path(out_dir)
     model, processor = new_tiny_vlm(texts, **size)
     with building(out_dir, {"builder": "tiny_vlm", "options": size, **corpus_source(texts),
                             "parameters": model.num_parameters()}) as tmp:
         save_vlm(model, processor, tmp)
     return out_dir
-
-
-def corpus_source(texts: Sequence[str]) -> dict[str, Any]:
-    return {"corpus_texts": len(texts), "corpus_sha256": hashlib.sha256("\x00".join(texts).encode()).hexdigest()}
 
 
 # ---- screens and prompts: the one place each is done ------------------------------------------------
@@ -413,6 +388,7 @@ def prepare_tiny_vlm(out_dir: Path, *, env: str | dict[str, Any] = "webshop", da
     accuracy) on `eval_pages` pages spread over the distinct pages of `eval_episodes` test-split
     episodes, before and after, goes into the build record."""
     from turnopd.models.env_text import env_corpus
+    from turnopd.models.tiny import corpus_source
 
     start = time.perf_counter()
     texts = env_corpus(env, data_dir, corpus_episodes)

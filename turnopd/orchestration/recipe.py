@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from envs import ENVS
+from envs.base import shows_screenshots
 from turnopd.algorithm.objective import ESTIMATORS
 from turnopd.config import EnvConfig, RecipeError, RunConfig, check_consistency, compose, validate
 from turnopd.core.registry import Registry
@@ -58,7 +59,7 @@ def check_screenshots(cfg: RunConfig) -> None:
     (nothing plays while the step's screenshots are freed), a teacher that scores from the batch (the
     in-process full estimator would read the student's image tokens, not the teacher's text), no judge
     and no world model (their prompts have no images)."""
-    if not getattr(ENVS.get(cfg.env.name), "shows_screenshots", False):
+    if not shows_screenshots(ENVS.get(cfg.env.name)):
         return
     why = {"policy.backend": (cfg.policy.backend != "transformers", "only the transformers policy takes images"),
            "pipeline.mode": (cfg.pipeline.mode != "sync", "screenshots are freed after each step, with nothing "

@@ -37,7 +37,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from envs import make_env_spec
-from envs.base import EnvSpec, format_answer, recent_pairs, split_tasks
+from envs.base import EnvSpec, format_answer, recent_pairs, shows_screenshots, split_tasks
 from envs.demonstrations import (
     Demonstration,
     collect_demonstrations,
@@ -162,7 +162,7 @@ def demo_examples(demos: list[Demonstration], spec: EnvSpec, env_config: EnvConf
     examples = []
     for demo in (d for d in demos if d.won or d.relabelled):
         page_keys = [spec.put_screenshot(step.observation, step.admissible) for step in demo.steps] \
-            if getattr(spec, "screenshot_window", 0) else [""] * len(demo.steps)
+            if shows_screenshots(spec) else [""] * len(demo.steps)
         for ctx, step in demo_contexts(demo, env_config):
             if not step.imitate:
                 continue

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from envs.base import shows_screenshots
 from teachers import Teacher, check_tokenizers, make_teachers
 from turnopd.algorithm.budget import DepthSchedule, make_depth_schedule
 from turnopd.algorithm.objective import ESTIMATORS
@@ -128,7 +129,7 @@ def run_pixel_store(cfg: RunConfig, spec: Any, run_dir: Path) -> None:
     """The env's pixel store for this run, emptied: by default a folder named after the run folder on
     the node's shared memory (a resumed run finds and frees what its killed self left), else the
     recipe's env.options.pixel_store."""
-    if getattr(spec, "pixel_store", None) is None:
+    if not shows_screenshots(spec):
         return
     if "pixel_store" not in cfg.env.options:
         digest = hashlib.blake2b(str(run_dir.resolve()).encode(), digest_size=6).hexdigest()

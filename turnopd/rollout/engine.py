@@ -29,7 +29,14 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import nullcontext
 from typing import Any
 
-from envs.base import IMAGE_PLACEHOLDER, EnvSpec, PromptContext, recent_pairs, screenshot_view
+from envs.base import (
+    IMAGE_PLACEHOLDER,
+    EnvSpec,
+    PromptContext,
+    recent_pairs,
+    screenshot_view,
+    shows_screenshots,
+)
 from turnopd.algorithm.judge import Decision
 from turnopd.config import EnvConfig
 from turnopd.core.faults import failpoint
@@ -42,13 +49,13 @@ from turnopd.rollout.completion import check_prompt_lengths
 def student_prompt(spec: EnvSpec, tokenizer: Any, image_tokens: int, ctx: PromptContext, page_keys: Sequence[str]
                    ) -> tuple[list[int], list[str], list[int] | None]:
     """The token ids of a turn's prompt as the policy sees it, the screenshots they show and, in an
-    env that shows screenshots (`spec.screenshot_window`), the text prompt a text teacher reads
+    env that shows screenshots (envs.base.shows_screenshots), the text prompt a text teacher reads
     instead: a vision-language policy's prompt (`image_tokens` positions an image) has an image in
     place of each page the window shows (envs.base.screenshot_view); a policy that reads no images
     (image_tokens 0: the text teacher played as a policy, in its evaluation) reads the pages' text.
     `page_keys`: the screenshot keys of ctx.history's pages, then the current page's."""
     text = chat_prompt_ids(tokenizer, spec.render_prompt(ctx))
-    if not getattr(spec, "screenshot_window", 0) or not image_tokens:
+    if not shows_screenshots(spec) or not image_tokens:
         return text, [], None
     view, keys = screenshot_view(ctx, page_keys, spec.screenshot_window)
     placeholder = tokenizer.convert_tokens_to_ids(IMAGE_PLACEHOLDER)

@@ -281,10 +281,11 @@ class Trainer:
         with trainer.turn_rows_per_update one per that many turn rows (see the module docstring)."""
         self._check_batch(batch)
         tokens = ActionTokens.of(batch)
-        keys = [key for sequence_keys in batch.image_keys for key in sequence_keys]
-        (missing,) = self._sum_over_ranks([len(self.screens.missing(keys)) if keys else 0])
-        if missing:  # a screenshot lost from the store: the batch is dropped, not trained on blind
-            return self._dropped(batch.num_trajectories, int(missing))
+        if self.screens is not None:  # a student that reads screenshots (every rank): are they all there?
+            keys = [key for sequence_keys in batch.image_keys for key in sequence_keys]
+            (missing,) = self._sum_over_ranks([len(self.screens.missing(keys))])
+            if missing:  # a screenshot lost from the store: the batch is dropped, not trained on blind
+                return self._dropped(batch.num_trajectories, int(missing))
         (num_action,) = self._sum_over_ranks([tokens.count])
         if num_action == 0:
             raise ValueError("the batch has no action tokens to train on (on any rank)")
