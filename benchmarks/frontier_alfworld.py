@@ -128,12 +128,16 @@ def save_runs(runs_dir: Path, save_dir: Path) -> None:
     print(f"saved the complete runs of {runs_dir} to {save_dir}")
 
 
+def complete_runs(runs_dir: Path) -> list:
+    """The complete runs (final evaluation written) in runs_dir, by folder name."""
+    return [run for path in sorted(runs_dir.glob("*/metrics.jsonl")) if (run := load_run(path.parent)).complete]
+
+
 def world_model_pairs(runs_dir: Path) -> None:
     """Each arm against its world-model twin, per latency, paired by seed: training time (mean), the
     per-seed ratio plain / world model (median and range: > 1 means world-model rollouts are faster),
     real env steps, world-model episode steps and the world model's verdict steps per run."""
-    runs = [load_run(p.parent) for p in sorted(runs_dir.glob("*/metrics.jsonl"))]
-    by_key = {(run.name.split("-")[0], run.method, run.seed): run for run in runs if run.complete}
+    by_key = {(run.name.split("-")[0], run.method, run.seed): run for run in complete_runs(runs_dir)}
     print("| sweep | arm | training time (mean) | plain / world model, per seed | real env / world-model episode / "
           "verdict steps |")
     print("| --- | --- | ---: | ---: | ---: |")
@@ -165,9 +169,8 @@ def debiasing_table(runs_dir: Path, seed: int = 0) -> None:
           "debiased - real [95% CI] |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     groups: dict[str, list] = {}
-    for path in sorted(runs_dir.glob("*/metrics.jsonl")):
-        run = load_run(path.parent)
-        if run.complete and run.method.endswith("_world_model"):
+    for run in complete_runs(runs_dir):
+        if "_world_model" in run.method:
             groups.setdefault(run.name.rsplit("-s", 1)[0], []).append(run)
     for name, group in groups.items():
         steps = [r for run in group for r in run.train if r.success_rate_debiased is not None]

@@ -5,6 +5,7 @@ types, prompt template, action parser and expert, and makes `Env`s.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import re
 from collections.abc import Callable, Collection, Iterable, Sequence
@@ -78,6 +79,18 @@ class MetricReading:
     metric: float
     helps: bool
     change: float | None = None  # the metric's change against the best before it, as written (None: not written)
+
+
+class WorldAnswerer(abc.ABC):
+    """A world model that computes its answers instead of generating them, shipped by its env
+    (`EnvSpec.world_answerer(folder)` for a world_model.json of kind "answerer"; autoresearch's job
+    model: the env itself with each job's accuracy predicted, envs.autoresearch.job_model). The
+    world-model pool (turnopd.rollout.world_model_pool) asks it as it samples a language model."""
+
+    @abc.abstractmethod
+    def answers(self, prompt: str, seeds: Sequence[int], temperature: float) -> list[str]:
+        """One answer ("status\nobservation") to a world prompt (envs.transitions.world_prompt) per
+        sampling seed; temperature 0: its best guess."""
 
 
 @runtime_checkable

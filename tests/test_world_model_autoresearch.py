@@ -1,7 +1,8 @@
 """An autoresearch world model (slow): trained for a few steps on a few real transitions (every step
-a real training job), its held-out fidelity report grades the metric it predicts; and on the
-autoresearch env, the outcome-reward term, WMRL's corrections and each judge mode (turnopd.rollout.judge)
-run 2 real distillation steps."""
+a real training job), its held-out fidelity report grades the metric it predicts; the job model
+(kind job_model) built from real labelled changes and graded the same way; and on the autoresearch
+env, the outcome-reward term, WMRL's corrections (with the job model too) and each judge mode
+(turnopd.rollout.judge) run 2 real distillation steps."""
 
 from __future__ import annotations
 
@@ -51,6 +52,13 @@ def world(tmp_path_factory):
             "output_dir": str(root / "world-model"),
         }))
         result = run_world_model_train(load_world_model_recipe(str(recipe)))
+        # the job model (kind job_model) on the digits tasks: 1 walk of 2 changes from each start
+        job_recipe = root / "world_model_job.yaml"
+        job_recipe.write_text(yaml.safe_dump({
+            "name": "job-model-smoke", "kind": "job_model", "env": {**ENV, "task_types": ["digits"]},
+            "job_model": {"walks_per_task": 1, "walk_turns": 2, "members": 2, "hidden": 8, "steps": 50},
+            "data": {"held_out_episodes": 1}, "metric_samples": 2, "output_dir": str(root / "job-model")}))
+        run_world_model_train(load_world_model_recipe(str(job_recipe)))
     (root / "teacher.yaml").write_text(f"name: tiny\nmodel: {root / 'wm-init'}\nbackend: transformers\n"
                                        "dtype: float32\nmax_length: 2048\n")
     (root / "recipe.yaml").write_text(yaml.safe_dump({
@@ -76,6 +84,17 @@ def test_an_autoresearch_world_model_is_graded_on_the_metric(world, capsys, monk
     again = run_world_model_eval(load_world_model_recipe(str(root / "world_model.yaml")))  # graded again
     assert "held-out scored changes" in capsys.readouterr().out
     assert again.metric is not None and again.metric["all"].changes == 2
+
+
+def test_a_job_model_is_an_answerer_graded_on_the_same_tables(world):
+    root, _ = world
+    meta = json.loads((root / "job-model" / "world_model.json").read_text())
+    assert meta["kind"] == "answerer" and meta["env"] == "autoresearch"
+    result = meta["result"]
+    # 10 digits train tasks: 1 walk of 2 changes each, plus the memo's known neighbours of their states
+    assert result["train_transitions"]["changes"] >= 20
+    assert result["metric"]["all"]["changes"] == 2 and result["metric"]["all"]["parsed"] == 2  # it always writes one
+    assert result["replay"]["all"]["no_verdict"] == 0
 
 
 def distill(root: Path, name: str, *overrides: str) -> list[dict]:
@@ -106,6 +125,24 @@ def test_the_reward_term_and_wmrl_corrections_run_two_steps_on_autoresearch(worl
         assert all(r["world_model_calibrated"] is False for r in train)
     if name == "anchor_weight":  # 2 groups a step: at least 1 anchor group, weight 1 before 32 groups
         assert all(r["world_model_anchor_groups"] >= 1 and r["world_model_anchor_weight"] == 1.0 for r in train)
+
+
+def test_the_job_model_plays_model_episodes_under_wmrls_corrections(world):
+    """The frontier's WMRL arm (recipes/methods/vanilla_opd_world_model_wmrl.yaml) at a schedule scaled
+    to 2 steps: one anchor group of 2 real episodes a step, the other group played by the job model,
+    each real episode graded by the model's replay of its actions."""
+    root, _ = world
+    train = distill(root, "job-model-wmrl", f"world_model.path={root / 'job-model'}", "world_model.debias=isotonic",
+                    "world_model.denoise=anchor_weight", "world_model.verdict=replay", "world_model.samples=2",
+                    "world_model.temperature=0.5", "objective.estimator=k1", "objective.reward_weight=0.5",
+                    "trainer.group_size=2", "world_model.calibration_min_pairs=2", "world_model.calibration_refit_every=1",
+                    "world_model.anchor_warmup_groups=1", "depth.mode=full")
+    assert [r["step"] for r in train] == [1, 2]
+    assert all(math.isfinite(r["loss"]) and not r["skipped"] for r in train)
+    for r in train:
+        assert r["world_model_anchor_groups"] == 1 and r["world_model_episodes"] == 2
+        assert r["world_model_steps"] >= 2 and r["world_model_verdict_steps"] >= 2  # 2 replays of >= 1 step
+        assert r["env_steps"] <= 2 * 2  # the anchor group's 2 two-turn episodes
 
 
 @pytest.mark.parametrize("by, memory", [("teacher", "none"), ("teacher", "focused"), ("teacher", "full"),

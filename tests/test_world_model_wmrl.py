@@ -233,3 +233,22 @@ def test_outcomes_do_nothing_in_a_plain_run():
     trajectories = [Trajectory("a", "alfworld")]
     assert Outcomes(cfg).apply(trajectories, [_summary("a", True, False)]) == {}
     assert trajectories[0].world_model_weight is None and trajectories[0].advantage is None
+
+
+def test_the_recipes_schedule_keys_reach_the_corrections_and_null_keeps_wmrls_constants():
+    published = Outcomes(_cfg(debias="isotonic", denoise="anchor_weight"))
+    assert (published.debiaser.min_pairs, published.debiaser.refit_every) == (200, 64)
+    assert (published.weighter.warmup, published.weighter.half_life) == (32, 64.0)
+    scaled = Outcomes(_cfg(debias="isotonic", denoise="anchor_weight", calibration_min_pairs=2,
+                           calibration_refit_every=3, anchor_warmup_groups=1, anchor_half_life=8.0))
+    assert (scaled.debiaser.min_pairs, scaled.debiaser.refit_every) == (2, 3)
+    assert (scaled.weighter.warmup, scaled.weighter.half_life) == (1, 8.0)
+    # 2 pairs reach min_pairs but not refit_every 3: still the identity
+    episodes = [_summary("a", False, False, 0.05), _summary("b", False, False, 0.95)]
+    assert not scaled.apply([Trajectory(e.task_id, "alfworld") for e in episodes], episodes)["world_model_calibrated"]
+    # the third, (0.5, 1): the first fit. Centred x: -0.45, 0.45, 0; centred y: -1/3, -1/3, 2/3;
+    # before = ((-0.45 + 1/3)^2 + (0.45 + 1/3)^2 + (2/3)^2) / 3 = 0.357222...
+    third = [_summary("c", True, False, 0.5)]
+    fields = scaled.apply([Trajectory("c", "alfworld")], third)
+    assert fields["world_model_calibrated"]
+    assert math.isclose(fields["world_model_bias_before"], ((-0.45 + 1 / 3) ** 2 + (0.45 + 1 / 3) ** 2 + (2 / 3) ** 2) / 3)

@@ -323,6 +323,14 @@ class WorldModelRolloutConfig:
     anchor_fraction: float = field(default=0.10, metadata=_range(0.0, 1.0))  # WMRL's AnchorScheduler(fraction=0.10)
     anchor_min_groups: int = field(default=1, metadata=_range(0))  # its min_per_step=1
     anchor_max_concurrent: int | None = field(default=None, metadata=_range(0))  # its max_concurrent (None: no cap)
+    # WMRL's schedule of the two corrections, for runs shorter than its (null: its constants,
+    # turnopd.algorithm.world_model_corrections): isotonic stays the identity until
+    # `calibration_min_pairs` (200) pairs, then refits every `calibration_refit_every` (64); the
+    # anchor weight stays 1 until `anchor_warmup_groups` (32) groups, smoothed over `anchor_half_life` (64)
+    calibration_min_pairs: int | None = field(default=None, metadata=_range(2))
+    calibration_refit_every: int | None = field(default=None, metadata=_range(1))
+    anchor_warmup_groups: int | None = field(default=None, metadata=_range(1))
+    anchor_half_life: float | None = field(default=None, metadata=_range(1.0))
 
     @property
     def anchors(self) -> bool:

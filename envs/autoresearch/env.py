@@ -25,6 +25,7 @@ from envs.autoresearch.train import (
     Config,
     Oracle,
     Problem,
+    config_from,
     describe_config,
     with_value,
 )
@@ -108,6 +109,30 @@ def read_job_report(observation: str) -> MetricReading | None:
                                                     float(match["change"]))
 
 
+@dataclass(frozen=True)
+class State:
+    """What an observation says of the episode's state (`AutoresearchEnv._state`'s sentence)."""
+
+    best: float  # the best accuracy so far, a fraction (as written: to 0.01 points)
+    over_start: float  # its rise over the start's
+    config: Config  # the best configuration
+    turns_left: int  # 0 once the episode is over
+
+
+_STATE = re.compile(r"Best accuracy (?P<best>\d+(?:\.\d+)?)% \((?P<over>[+-]\d+(?:\.\d+)?) points over the start\) "
+                    r"with (?P<config>.+?)\. (?:(?P<left>\d+) turn\(s\) left\.|The episode is over\.)")
+
+
+def read_state(observation: str) -> State:
+    """The state an env observation ends with (ValueError for text without one)."""
+    match = _STATE.search(observation)
+    if match is None:
+        raise ValueError(f"no autoresearch state in {observation[:120]!r}")
+    values = dict(pair.split("=", 1) for pair in match["config"].split(", "))
+    return State(float(match["best"]) / 100, float(match["over"]) / 100, config_from(values),
+                 int(match["left"] or 0))
+
+
 class AutoresearchEnv:
     """The Env of one pool slot. `tasks`: the tasks it may be reset to, by id; `max_turns`: the turn
     limit at which it ends an episode itself; `oracle`: the memo of job results it runs jobs through.
@@ -137,6 +162,11 @@ class AutoresearchEnv:
         observation = (f"The starting configuration reaches a validation accuracy of {percent(self.best)}. "
                        f"{self._state()}")
         return self._outcome(observation, 0.0, info={"task": self._goal()})
+
+    def resume(self, task_id: str, config: Config, best: float, start_accuracy: float, turns: int) -> None:
+        """Put the env in a state without running a job (a world model's step from a state it read)."""
+        self.task, self.config, self.best, self.start_accuracy = self.tasks[task_id], config, best, start_accuracy
+        self.turns, self.done = turns, turns >= self.max_turns
 
     def step(self, action: str) -> StepOutcome:
         if self.task is None:

@@ -23,6 +23,7 @@ from envs.autoresearch.env import (
     read_job_report,
 )
 from envs.autoresearch.expert import CoordinateSearchExpert
+from envs.autoresearch.job_model import JobModel, JobModelWorld
 from envs.autoresearch.train import KNOBS, Config, Oracle, Problem
 from envs.base import (
     Expert,
@@ -154,6 +155,11 @@ class AutoresearchSpec:
 
     def render_prompt(self, ctx: PromptContext) -> str:
         return self.render_template(ctx)
+
+    def world_answerer(self, folder: Path) -> JobModelWorld:
+        """The job model in `folder` (turnopd world-model train, kind job_model) as a world model: the
+        env answers, each job's accuracy predicted (envs.autoresearch.job_model)."""
+        return JobModelWorld(JobModel.load(folder), self.config.max_turns)
 
     def read_metric(self, observation: str) -> MetricReading | None:
         """A step's validation accuracy (percent) and whether its change was kept (envs.base.MetricReader)."""

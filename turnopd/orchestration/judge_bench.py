@@ -243,16 +243,13 @@ def open_judges(cfg: RunConfig, spec: EnvSpec, bys: list[str], world_model: str 
         judges |= {by: make_judge(by, cfg, spec, teacher, None) for by in bys if by != "world_model"}
     if "world_model" in bys:
         from turnopd.config import PolicyConfig
-        from turnopd.rollout.base import make_policy
-        from turnopd.rollout.world_model_pool import WorldModelPool, load_world_model_meta
+        from turnopd.rollout.world_model_pool import WorldModelPool, load_world_model
 
         if world_model is None:
             raise RecipeError("judge bench --by world_model needs a world model: world_model.path or --world-model")
-        meta = load_world_model_meta(world_model, cfg.env.name)
-        policy = make_policy(PolicyConfig(temperature=0.0, max_new_tokens=meta["max_observation_tokens"], stop=[]),
-                             str(Path(world_model).expanduser()), dtype="float32", seed=cfg.seed)
+        model, meta = load_world_model(world_model, spec, cfg.env.name, PolicyConfig(temperature=0.0), cfg.seed)
         judges["world_model"] = make_judge("world_model", cfg, spec, None, WorldModelPool(
-            spec, None, policy, history_length=meta["history_length"],
+            spec, None, model, history_length=meta["history_length"],
             max_observation_tokens=meta["max_observation_tokens"], temperature=0.0, seed=cfg.seed))
     return judges
 

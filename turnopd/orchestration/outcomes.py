@@ -33,8 +33,13 @@ class Outcomes:
 
     def __init__(self, cfg: RunConfig):
         wm = cfg.world_model
-        self.debiaser = OnlineDebiaser() if wm.path is not None and wm.debias == "isotonic" else None
-        self.weighter = InverseVarianceWeighter() if wm.path is not None and wm.denoise == "anchor_weight" else None
+        def given(**kwargs: Any) -> dict[str, Any]:  # the recipe's schedule keys; null: WMRL's constant
+            return {key: value for key, value in kwargs.items() if value is not None}
+
+        self.debiaser = OnlineDebiaser(**given(min_pairs=wm.calibration_min_pairs, refit_every=wm.calibration_refit_every)
+                                       ) if wm.path is not None and wm.debias == "isotonic" else None
+        self.weighter = InverseVarianceWeighter(**given(warmup=wm.anchor_warmup_groups, half_life=wm.anchor_half_life)
+                                                ) if wm.path is not None and wm.denoise == "anchor_weight" else None
         self.reward_weight = cfg.objective.reward_weight
         self.advantage = ADVANTAGES.get(cfg.objective.advantage)
 

@@ -42,7 +42,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from envs import make_env_spec
-from envs.base import EnvSpec, MetricReader, MetricReading
+from envs.base import EnvSpec, MetricReader, MetricReading, WorldAnswerer
 from envs.demonstrations import collect_demonstrations, demo_tasks
 from envs.pool import EnvPool
 from envs.transitions import (
@@ -70,9 +70,9 @@ from turnopd.orchestration.preflight import train_and_eval_tasks
 from turnopd.orchestration.recipe import validate_recipe
 from turnopd.orchestration.sft import SFTExample, ensure_model, save_model, train_examples
 from turnopd.rollout import SamplingParams, make_policy
-from turnopd.rollout.base import generate_all
+from turnopd.rollout.base import generate_all, request_seed
 from turnopd.rollout.engine import chat_prompt_ids, rollout
-from turnopd.rollout.world_model_pool import Verdict, WorldModelPool, listed
+from turnopd.rollout.world_model_pool import ANSWERER_KIND, Verdict, WorldModelPool, listed
 
 WORLD_MODEL_FORMAT = 1  # the prompt/answer text of envs.transitions
 HELD_OUT_SALT = 7_777  # the held-out student episodes' sampling seed, apart from the training ones'
@@ -89,6 +89,18 @@ class TransitionDataConfig:
 
 
 @dataclass
+class JobModelConfig:
+    """kind: job_model (env autoresearch): the labels and the ensemble of envs.autoresearch.job_model."""
+
+    walks_per_task: int = field(default=8, metadata={"range": (0, None)})  # keep-or-revert walks from each train start
+    walk_turns: int = field(default=12, metadata={"range": (1, None)})  # random single changes a walk
+    members: int = field(default=8, metadata={"range": (1, None)})  # ensemble members, each on its own bootstrap
+    hidden: int = field(default=64, metadata={"range": (1, None)})
+    steps: int = field(default=500, metadata={"range": (1, None)})  # full-batch Adam steps a member
+    lr: float = field(default=3.0e-3, metadata={"range": (0.0, None)})
+
+
+@dataclass
 class WorldModelConfig:
     """A `turnopd world-model train` recipe: `trainer.steps` optimizer steps of `batch_turns`
     transitions. `policy` is the student's generation (its episodes); `max_observation_tokens`
@@ -97,8 +109,12 @@ class WorldModelConfig:
     name: str = MISSING
     seed: int = 0
     data_dir: str | None = None
+    # language_model: an LM writes the env's answer; job_model (autoresearch): the env answers, each
+    # job's accuracy predicted from the numbers (envs.autoresearch.job_model); `model` and `trainer` unused
+    kind: str = field(default="language_model", metadata={"choices": ("language_model", "job_model")})
+    job_model: JobModelConfig = field(default_factory=JobModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)  # the model to train (built by its `prepare` if missing)
+    model: ModelConfig | None = None  # the language model to train (built by its `prepare` if missing)
     data: TransitionDataConfig = field(default_factory=TransitionDataConfig)
     history_length: int = field(default=1, metadata={"range": (0, None)})  # (observation, action) pairs in the prompt
     max_observation_tokens: int = field(default=160, metadata={"range": (1, None)})
@@ -109,8 +125,16 @@ class WorldModelConfig:
     output_dir: str = "runs/world_models/${env.name}"
 
 
+def check_kind(cfg: WorldModelConfig) -> None:
+    if cfg.kind == "language_model" and cfg.model is None:
+        raise RecipeError("recipe key 'model': kind language_model trains a model: name it (model.path, model.prepare)")
+    if cfg.kind == "job_model" and cfg.env.name != "autoresearch":
+        raise RecipeError(f"recipe key 'kind': job_model predicts a training job's accuracy, so it models env "
+                          f"autoresearch only, not env.name={cfg.env.name!r}; use kind language_model")
+
+
 def load_world_model_recipe(recipe: str, overrides: list[str] | tuple[str, ...] = ()) -> WorldModelConfig:
-    return validate_recipe(compose(recipe, overrides), schema=WorldModelConfig, checks=[])
+    return validate_recipe(compose(recipe, overrides), schema=WorldModelConfig, checks=[check_kind])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,9 +332,10 @@ def replay_table(episodes: list[list[Transition]], verdicts: list[Verdict]) -> d
     return rows
 
 
-def replay_episodes(spec: EnvSpec, policy: Any, episodes: list[list[Transition]], cfg: WorldModelConfig) -> list[Verdict]:
-    """Each episode's actions replayed greedily in the world model (`policy`), all episodes at once."""
-    world = WorldModelPool(spec, None, policy, history_length=cfg.history_length,
+def replay_episodes(spec: EnvSpec, model: Any, episodes: list[list[Transition]], cfg: WorldModelConfig) -> list[Verdict]:
+    """Each episode's actions replayed greedily in the world model (a Policy or a WorldAnswerer), all
+    episodes at once."""
+    world = WorldModelPool(spec, None, model, history_length=cfg.history_length,
                            max_observation_tokens=cfg.max_observation_tokens, temperature=0.0, seed=cfg.seed)
 
     async def replay_all() -> list[Verdict]:
@@ -349,6 +374,29 @@ def measure_fidelity(model_dir: Path, transitions: list[Transition], prompts: li
     return fidelity_table(transitions, answers, status_probabilities(model, tokenizer, prompts)), replays, metric
 
 
+def measure_answerer_fidelity(answerer: WorldAnswerer, transitions: list[Transition], cfg: WorldModelConfig,
+                              spec: EnvSpec
+                              ) -> tuple[dict[str, FidelityRow], dict[str, ReplayRow], dict[str, MetricRow] | None]:
+    """`measure_fidelity`'s tables for a world model that computes its answers: the greedy answer is
+    its temperature-0 one, P(status) and P(helps) the shares of `metric_samples` answers at temperature 1."""
+    prompts = [transition_prompt(t) for t in transitions]
+    answers = [answerer.answers(p, [cfg.seed], 0.0)[0] for p in prompts]
+    seeds = [request_seed(cfg.seed, i, k) for i in range(len(prompts)) for k in range(cfg.metric_samples)]
+    sampled = [answerer.answers(p, seeds[i * cfg.metric_samples:(i + 1) * cfg.metric_samples], 1.0)
+               for i, p in enumerate(prompts)]
+    probabilities = [{status: sum((parsed := parse_world_answer(a)) is not None and parsed[0] == status
+                                  for a in answers_i) / len(answers_i) for status in STATUSES}
+                     for answers_i in sampled]
+    episodes = split_episodes(transitions)
+    replays = replay_table(episodes, replay_episodes(spec, answerer, episodes, cfg))
+    metric = None
+    if isinstance(spec, MetricReader):
+        scored = [i for i, t in enumerate(transitions) if spec.read_metric(t.next_observation) is not None]
+        metric = metric_table(spec, [transitions[i] for i in scored], [answers[i] for i in scored],
+                              [sampled[i] for i in scored])
+    return fidelity_table(transitions, answers, probabilities), replays, metric
+
+
 # ---------------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------------
@@ -373,6 +421,8 @@ class WorldModelResult:
 
 def run_world_model_train(cfg: WorldModelConfig) -> WorldModelResult:
     """Transitions -> trained world model -> held-out fidelity -> world_model.json."""
+    if cfg.kind == "job_model":
+        return run_job_model_train(cfg)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -418,12 +468,63 @@ def run_world_model_train(cfg: WorldModelConfig) -> WorldModelResult:
         steps=len(losses), first_loss=losses[0][0], final_loss=statistics.fmean(final),
         train_time_s=sum(t for _, t in losses), held_out_split=held_out_split, fidelity=fidelity, replay=replay, metric=metric,
         data_time_s=data_time, wall_time_s=time.perf_counter() - wall_start)
-    meta = {"format": WORLD_MODEL_FORMAT, "env": cfg.env.name, "env_options": cfg.env.options,
-            "history_length": cfg.history_length, "max_observation_tokens": cfg.max_observation_tokens,
-            "result": asdict(result)}
-    (output / "world_model.json").write_text(json.dumps(meta, indent=2) + "\n")
+    write_meta(cfg, output, result)
     print_world_model_summary(cfg, result)
     return result
+
+
+def label_tasks(args: tuple[list[str], Path | None, JobModelConfig, int]) -> list[Any]:
+    """One labelling process's share of the train tasks (envs.autoresearch.job_model.label_changes)."""
+    from envs.autoresearch.job_model import label_changes
+    from envs.autoresearch.spec import make_task, oracle
+
+    task_ids, cache_dir, jm, seed = args
+    return label_changes([make_task(t) for t in task_ids], oracle(cache_dir), jm.walks_per_task, jm.walk_turns, seed)
+
+
+def run_job_model_train(cfg: WorldModelConfig) -> WorldModelResult:
+    """kind job_model: labelled changes of the train tasks (their jobs run in env.num_workers
+    processes) -> the ensemble -> held-out fidelity, as for a language model -> world_model.json."""
+    from multiprocessing import get_context
+
+    from envs.autoresearch.job_model import JobModel
+
+    wall_start = time.perf_counter()
+    spec = make_env_spec(cfg.env, cfg.data_dir)
+    train_split, _, held_out_split, _ = train_and_eval_tasks(spec, cfg.env, eval_split=None, max_eval_tasks=None)
+    tasks, workers = spec.tasks(train_split), max(cfg.env.num_workers, 1)
+    jm = cfg.job_model
+    print(f"labelling changes of {len(tasks)} {train_split} tasks ({jm.walks_per_task} walks of {jm.walk_turns} "
+          f"changes each, jobs in {workers} processes)", flush=True)
+    with get_context("spawn").Pool(workers) as processes:
+        rows = [row for share in processes.map(label_tasks, [(tasks[w::workers], spec.cache_dir, jm, cfg.seed)
+                                                            for w in range(workers)]) for row in share]
+    held_out = held_out_transitions(cfg, spec, held_out_split)
+    data_time = time.perf_counter() - wall_start
+    print(f"{len(rows)} labelled changes; fitting {jm.members} members", flush=True)
+    fit_start = time.perf_counter()
+    model = JobModel(jm.members, jm.hidden, cfg.seed)
+    first_loss, final_loss = model.fit(rows, jm.steps, jm.lr)
+    fit_time = time.perf_counter() - fit_start
+    output = Path(cfg.output_dir).expanduser()
+    model.save(output)
+    fidelity, replay, metric = measure_answerer_fidelity(spec.world_answerer(output), held_out, cfg, spec)
+    result = WorldModelResult(
+        output_dir=str(output), train_transitions={"changes": len(rows)}, answer_tokens=0, steps=jm.steps,
+        first_loss=first_loss, final_loss=final_loss, train_time_s=fit_time, held_out_split=held_out_split,
+        fidelity=fidelity, replay=replay, metric=metric, data_time_s=data_time,
+        wall_time_s=time.perf_counter() - wall_start)
+    write_meta(cfg, output, result)
+    print_world_model_summary(cfg, result)
+    return result
+
+
+def write_meta(cfg: WorldModelConfig, output: Path, result: WorldModelResult) -> None:
+    """world_model.json: what the model is (its kind), the env and prompt settings it was built for, its tables."""
+    meta = {"format": WORLD_MODEL_FORMAT, "kind": ANSWERER_KIND if cfg.kind == "job_model" else cfg.kind,
+            "env": cfg.env.name, "env_options": cfg.env.options, "history_length": cfg.history_length,
+            "max_observation_tokens": cfg.max_observation_tokens, "result": asdict(result)}
+    (output / "world_model.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def held_out_transitions(cfg: WorldModelConfig, spec: EnvSpec, split: str) -> list[Transition]:
@@ -447,9 +548,12 @@ def run_world_model_eval(cfg: WorldModelConfig) -> WorldModelResult:
     held_out_split = train_and_eval_tasks(spec, cfg.env, eval_split=None, max_eval_tasks=None)[2]
     held_out = held_out_transitions(cfg, spec, held_out_split)
     data_time = time.perf_counter() - wall_start
-    tokenizer = AutoTokenizer.from_pretrained(output)
-    prompts = [chat_prompt_ids(tokenizer, transition_prompt(t)) for t in held_out]
-    fidelity, replay, metric = measure_fidelity(output, held_out, prompts, cfg, spec)
+    if meta.get("kind") == ANSWERER_KIND:
+        fidelity, replay, metric = measure_answerer_fidelity(spec.world_answerer(output), held_out, cfg, spec)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(output)
+        prompts = [chat_prompt_ids(tokenizer, transition_prompt(t)) for t in held_out]
+        fidelity, replay, metric = measure_fidelity(output, held_out, prompts, cfg, spec)
     trained = meta["result"]
     result = WorldModelResult(
         output_dir=str(output), train_transitions=trained["train_transitions"],

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from envs.base import EnvSpec, PromptContext, StepOutcome, recent_pairs
+from envs.base import EnvSpec, PromptContext, StepOutcome, WorldAnswerer, recent_pairs
 from envs.pool import env_error
 from envs.transitions import parse_world_answer, world_prompt
 from turnopd.algorithm.world_model_corrections import sample_disagreement
@@ -47,6 +47,7 @@ from turnopd.rollout.base import Policy, SamplingParams, make_policy, request_se
 from turnopd.rollout.engine import chat_prompt_ids
 
 WORLD_MODEL_META = "world_model.json"
+ANSWERER_KIND = "answerer"  # world_model.json "kind" of a model an env computes answers with (EnvSpec.world_answerer)
 VERDICTS = ("last_turn", "replay", "twin")  # world_model.verdict: how the model judges a real episode
 REPLAY_STREAM = 2**32 - 1  # a replay's third sampling key: apart from the verdict's 0 and model episodes' 1, 2, ...
 JUDGE_STREAM = 2**32 - 2  # a judge's prediction's third key (turnopd.rollout.judge)
@@ -85,13 +86,14 @@ class Verdict(NamedTuple):
 class WorldModelPool:
     ledger_resource = "world_model"  # the ledger busy time of its steps (the real env's is "env")
 
-    def __init__(self, spec: EnvSpec, real: Any, policy: Policy, *, history_length: int, max_observation_tokens: int,
-                 samples: int = 1, temperature: float = 1.0, seed: int = 0, verdict: str = "last_turn"):
+    def __init__(self, spec: EnvSpec, real: Any, model: Policy | WorldAnswerer, *, history_length: int,
+                 max_observation_tokens: int, samples: int = 1, temperature: float = 1.0, seed: int = 0,
+                 verdict: str = "last_turn"):
         if samples < 1:
             raise ValueError(f"samples must be >= 1, got {samples}")
         if verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {', '.join(VERDICTS)}, got {verdict!r}")
-        self.spec, self.real, self.policy = spec, real, policy
+        self.spec, self.real, self.model = spec, real, model
         self.history_length, self.samples, self.verdict = history_length, samples, verdict
         self.sampling = SamplingParams(temperature=temperature, max_new_tokens=max_observation_tokens, stop=(),
                                        seed=seed)
@@ -237,12 +239,14 @@ class WorldModelPool:
     async def _sample(self, prompt: str, keys: tuple[int, ...], samples: int | None = None) -> list[str] | None:
         """`samples` (default the pool's) answers to the prompt; None when prompt and answer do not fit
         the model's context."""
-        ids = chat_prompt_ids(self.policy.tokenizer, prompt)
-        if len(ids) + self.sampling.max_new_tokens > self.policy.max_model_len:
+        seeds = [request_seed(self.sampling.seed, *keys, k) for k in range(samples or self.samples)]
+        if isinstance(self.model, WorldAnswerer):
+            return self.model.answers(prompt, seeds, self.sampling.temperature)
+        ids = chat_prompt_ids(self.model.tokenizer, prompt)
+        if len(ids) + self.sampling.max_new_tokens > self.model.max_model_len:
             return None
-        generations = await asyncio.gather(*(self.policy.generate(ids, replace(
-            self.sampling, seed=request_seed(self.sampling.seed, *keys, k)))
-            for k in range(samples or self.samples)))
+        generations = await asyncio.gather(*(self.model.generate(ids, replace(self.sampling, seed=seed))
+                                             for seed in seeds))
         return [g.text for g in generations]
 
 
@@ -300,6 +304,19 @@ def disagreement(parsed: list[tuple[str, str] | None]) -> float:
     return sample_disagreement([p if p is None else (p[0], " ".join(p[1].split())) for p in parsed])
 
 
+def load_world_model(path: str, spec: EnvSpec, env_name: str, generation: PolicyConfig,
+                     seed: int) -> tuple[Policy | WorldAnswerer, dict[str, Any]]:
+    """The world model in `path` and its world_model.json: a language model generating with
+    `generation`'s backend (its max_new_tokens the model's max_observation_tokens), or, for a folder of
+    kind ANSWERER_KIND, the answerer its env builds from it (spec.world_answerer)."""
+    meta = load_world_model_meta(path, env_name)
+    folder = Path(path).expanduser()
+    if meta.get("kind") == ANSWERER_KIND:
+        return spec.world_answerer(folder), meta
+    generation = replace(generation, max_new_tokens=meta["max_observation_tokens"], stop=[])
+    return make_policy(generation, str(folder), dtype="float32", seed=seed), meta
+
+
 @contextmanager
 def open_world_model(cfg: Any, spec: EnvSpec, real: Any) -> Iterator[WorldModelPool | None]:
     """The WorldModelPool a distillation recipe's `world_model` block asks for (None without a path),
@@ -308,14 +325,13 @@ def open_world_model(cfg: Any, spec: EnvSpec, real: Any) -> Iterator[WorldModelP
     if wm.path is None:
         yield None
         return
-    meta = load_world_model_meta(wm.path, cfg.env.name)
     generation = PolicyConfig(backend=cfg.policy.backend, temperature=wm.temperature,
-                              max_new_tokens=meta["max_observation_tokens"], stop=[],
                               max_batch_size=cfg.policy.max_batch_size * wm.samples, options=cfg.policy.options)
-    policy = make_policy(generation, str(Path(wm.path).expanduser()), dtype="float32", seed=cfg.seed)
+    model, meta = load_world_model(wm.path, spec, cfg.env.name, generation, cfg.seed)
     try:
-        yield WorldModelPool(spec, real, policy, history_length=meta["history_length"],
+        yield WorldModelPool(spec, real, model, history_length=meta["history_length"],
                              max_observation_tokens=meta["max_observation_tokens"], samples=wm.samples,
                              temperature=wm.temperature, seed=cfg.seed, verdict=wm.verdict)
     finally:
-        policy.close()
+        if not isinstance(model, WorldAnswerer):
+            model.close()

@@ -1,0 +1,137 @@
+"""World-model rollouts where execution is the cost: vanilla OPD (without and with the reward term)
+against world-model rollouts under TurnOPD's and WMRL's corrections, on autoresearch, every job real,
+at equal real executions and at equal training clock, 3 seeds per arm.
+
+    python benchmarks/frontier_autoresearch.py                          # both regimes (~1.5 h on 2 cores)
+    python benchmarks/frontier_autoresearch.py --regimes equal_executions --seeds 3
+    turnopd frontier runs/frontier_autoresearch/equal_clock/*/ --md     # the tables again, from the runs
+    python benchmarks/frontier_autoresearch.py --tables benchmarks/results/frontier_autoresearch/equal_clock
+
+Design (fixed before the runs; docs/results/2026-12-05-autoresearch-frontier.md):
+- Recipe: recipes/autoresearch.yaml (the tiny student and teacher), `env.options.disk_cache=false`
+  (every job runs, memoised only inside each env worker for the run), 4 episodes a step in groups
+  of 2 (the reward term's and the anchors' groups), k1 estimator, greedy Avg@1 on the 6 held-out tasks
+  at the end only (the start, the same student in every arm, is the autoresearch page's 83.3%).
+- Arms (recipes/methods): vanilla_opd, vanilla_opd_reward (reward_weight 0.5),
+  vanilla_opd_world_model_reward (the job model, runs/world_models/autoresearch, answers 75% of the
+  episodes; ppi and trajectory_variance), vanilla_opd_world_model_wmrl (WMRL's anchors, isotonic map
+  and anchor weight). WMRL's schedule is for thousands of groups; these runs see ~8-16, so it is
+  scaled: the map from 8 pairs, refitted every 4; the anchor weight's c fixed after 4 groups,
+  half-life 8 groups.
+- Regimes: equal_executions (trainer.budget: 192 real env steps, the turns of 4 vanilla steps),
+  equal_clock (trainer.budget: 150 s of training clock); trainer.steps 40 caps neither.
+- Measures: final Avg@1 per arm (mean, t interval over seeds, the smallest difference detectable),
+  real env steps (executions), world-model steps, optimizer steps and training clock per run, and
+  the isotonic map's bias_stats (centred residual before and after) at each refit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from frontier_alfworld import complete_runs, debiasing_table, save_runs
+
+WORLD_MODEL = "runs/world_models/autoresearch"  # recipes/autoresearch/world_model_job.yaml's output_dir
+ARMS = "vanilla_opd,vanilla_opd_reward,vanilla_opd_world_model_reward,vanilla_opd_world_model_wmrl"
+COMMON = ["env.options.disk_cache=false", "trainer.episodes_per_step=4", "trainer.group_size=2",
+          "objective.estimator=k1", "trainer.steps=40", "eval.at_start=false", "eval.every=1000",
+          "eval.teacher=false", "checkpoint.every=8", "tracking=[]",
+          "world_model.calibration_min_pairs=8", "world_model.calibration_refit_every=4",
+          "world_model.anchor_warmup_groups=4", "world_model.anchor_half_life=8"]
+REGIMES = {
+    "equal_executions": ["trainer.budget.unit=env_steps", "trainer.budget.amount=192"],
+    "equal_clock": ["trainer.budget.unit=train_time_s", "trainer.budget.amount=150"],
+}
+
+
+def work_table(runs_dir: Path) -> None:
+    """Per arm, means over its seeds: optimizer steps, real env steps, world-model steps, training
+    clock, and with isotonic the last refit's bias_stats (before -> after) and the map's fits."""
+    print("| arm | seeds | steps | real env steps | world-model steps | training clock (s) | "
+          "isotonic bias before -> after (fits) | anchor weight |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+    groups: dict[str, list] = {}
+    for run in complete_runs(runs_dir):
+        groups.setdefault(run.method, []).append(run)
+    for method, runs in groups.items():
+        def mean(values: list[float]) -> float:
+            return statistics.fmean(values) if values else float("nan")
+
+        steps = mean([len(run.train) for run in runs])
+        env = mean([sum(r.env_steps or 0 for r in run.train) for run in runs])
+        model = mean([sum(r.world_model_steps or 0 for r in run.train) for run in runs])
+        clock = mean([run.train_time_s for run in runs])
+        lasts = [run.train[-1] for run in runs if run.train]
+        fitted = [r for r in lasts if r.world_model_bias_before is not None]
+        bias = (f"{mean([r.world_model_bias_before for r in fitted]):.3f} -> "
+                f"{mean([r.world_model_bias_after for r in fitted]):.3f} ({len(fitted)} of {len(runs)} fitted)"
+                if fitted else "-")
+        weights = [r.world_model_anchor_weight for r in lasts if r.world_model_anchor_weight is not None]
+        weight = f"{mean(weights):.2f}" if weights else "-"
+        print(f"| {method} | {len(runs)} | {steps:.1f} | {env:.0f} | {model:.0f} | {clock:.0f} | {bias} | {weight} |")
+
+
+def bias_over_training(runs_dir: Path) -> None:
+    """The isotonic arm's bias_stats by step (means over the seeds whose map is fitted by then):
+    WMRL's centred residual of the model's verdicts against the real outcomes over the map's pairs,
+    before and after the map, and the anchor weight."""
+    runs = [run for run in complete_runs(runs_dir) if run.method == "vanilla_opd_world_model_wmrl"]
+    if not runs:
+        return
+    print("| step | seeds fitted | bias before | bias after | anchor weight |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    for step in range(1, max(len(run.train) for run in runs) + 1):
+        records = [r for run in runs for r in run.train if r.step == step]
+        fitted = [r for r in records if r.world_model_bias_before is not None]
+        weights = [r.world_model_anchor_weight for r in records if r.world_model_anchor_weight is not None]
+        before = f"{statistics.fmean(r.world_model_bias_before for r in fitted):.3f}" if fitted else "-"
+        after = f"{statistics.fmean(r.world_model_bias_after for r in fitted):.3f}" if fitted else "-"
+        weight = f"{statistics.fmean(weights):.2f}" if weights else "-"
+        print(f"| {step} | {len(fitted)} of {len(records)} | {before} | {after} | {weight} |")
+
+
+def print_tables(runs_dir: Path) -> None:
+    work_table(runs_dir)
+    debiasing_table(runs_dir)
+    bias_over_training(runs_dir)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--regimes", default=",".join(REGIMES), help=f"comma-separated: {', '.join(REGIMES)}")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--methods", default=ARMS, help="comma-separated arms (recipes/methods)")
+    p.add_argument("--out-dir", default="runs/frontier_autoresearch")
+    p.add_argument("--save-to", default="benchmarks/results/frontier_autoresearch",
+                   help="where each complete run's metrics.jsonl and config.yaml are copied")
+    p.add_argument("--tables", metavar="DIR", help="only print the work, debiasing and bias tables of the runs in DIR")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides for every run")
+    args = p.parse_args()
+    if args.tables:
+        print_tables(Path(args.tables))
+        return 0
+    start, code = time.perf_counter(), 0
+    if not Path(WORLD_MODEL, "world_model.json").is_file():
+        print(f"== building the job model {WORLD_MODEL}", flush=True)
+        code = subprocess.call([sys.executable, "-m", "turnopd.cli", "world-model", "train",
+                                "recipes/autoresearch/world_model_job.yaml"])
+    for regime in args.regimes.split(","):
+        out_dir = Path(args.out_dir) / regime
+        command = [sys.executable, "-m", "turnopd.cli", "sweep", "recipes/autoresearch.yaml", "--methods", args.methods,
+                   "--seeds", str(args.seeds), "--name", regime, "--out-dir", str(out_dir), "--md",
+                   "--out", str(out_dir / "frontier.png"), *COMMON, *REGIMES[regime], *args.overrides]
+        print(f"== regime {regime}\n$ " + " ".join(command), flush=True)
+        code = subprocess.call(command) or code
+        print_tables(out_dir)
+        save_runs(out_dir, Path(args.save_to) / regime)
+    print(f"experiment finished in {(time.perf_counter() - start) / 60:.1f} min (exit {code})")
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
