@@ -26,6 +26,11 @@
    that say it helps.
 4. Output: the model and its tokenizer in Hugging Face format in output_dir, and world_model.json:
    the env and prompt settings it was trained for, what it was trained on, the fidelity table.
+
+`kind: job_model` (autoresearch only) replaces steps 1-2: changes of the train tasks labelled by
+real jobs, and an ensemble that predicts each job's accuracy (envs.autoresearch.job_model); the env
+computes the answers around it. Steps 3-4 are the same, graded on the same held-out players
+(`measure_answerer_fidelity`), and world_model.json says kind "answerer".
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""World-model rollouts: a model trained by `turnopd world-model train` answers an episode's env steps.
+"""World-model rollouts: a model built by `turnopd world-model train` answers an episode's env steps:
+a language model that samples its answers, or a WorldAnswerer its env computes them with
+(autoresearch's job model, envs.autoresearch.job_model); `load_world_model` opens either.
 
 `WorldModelPool` has the env pool's episode interface (`reset_slot`, `step_slot`, `end`), so the
 rollout engine plays an episode in it as in the real env (`rollout(..., world=..., simulated=...)`
