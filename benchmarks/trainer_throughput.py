@@ -111,7 +111,7 @@ def run_turnopd(args: argparse.Namespace, estimator: str) -> tuple[list[float], 
         start = time.perf_counter()
         metrics = trainer.step(batch, alpha=0.0)
         times.append(time.perf_counter() - start)
-        assert metrics["num_micro_batches"] == 1 and not metrics["skipped"]
+        assert metrics.num_micro_batches == 1 and not metrics.skipped
     return times[args.warmup:], params
 
 

@@ -34,7 +34,7 @@ prompts of the 100 real ALFWorld `look_at_obj_in_light` train games, as the prom
 answer_format action, history_length 1, options.notes true; the file is copied to
 benchmarks/results/trl_end_to_end/prompts.jsonl), each wrapped in the student's chat template as one
 user message with the generation prompt (what TurnOPD's rollout engine does; checked against
-`turnopd.rollout.engine.chat_prompt_ids` when it imports).
+`turnopd.rollout.render.chat_prompt_ids` when it imports).
 
     turnopd  `turnopd distill recipes/prompts/alfworld_first_turns.yaml`: the prompts env with
              env.pool=inline (no env process: an episode ends at its answer), depth.mode=full,
@@ -475,9 +475,9 @@ def check_prompt_ids(tokenizer, prompts: list[str]) -> list[int]:
     trl_ids = tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=True,
                                             return_dict=True)["input_ids"]
     try:
-        from turnopd.rollout.engine import chat_prompt_ids
+        from turnopd.rollout.render import chat_prompt_ids
     except Exception as exc:  # the engine is being rewritten: the same call, written out
-        print(f"(turnopd.rollout.engine.chat_prompt_ids not importable: {exc}; checking against its call)")
+        print(f"(turnopd.rollout.render.chat_prompt_ids not importable: {exc}; checking against its call)")
 
         def chat_prompt_ids(tok, message):
             return list(tok.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,

@@ -346,9 +346,9 @@ def test_an_update_per_k_turn_rows_is_plain_adamw_per_chunk_of_rows(estimator):
     metrics = trainer.step(build_token_batch(TRAJS), alpha=0.0)
     expected, losses, norms = plain_updates(tiny_llama(0), chunks, lambda model, w: reference_loss(
         model, TRAJS, estimator, "", 0.0, teacher=teacher, weights=w))
-    assert metrics["optimizer_updates"] == 5 and not metrics["skipped"]
-    assert metrics["loss"] == pytest.approx(sum(losses) / 5, rel=1e-5)
-    assert metrics["grad_norm"] == pytest.approx(sum(norms) / 5, rel=1e-4)
+    assert metrics.optimizer_updates == 5 and not metrics.skipped
+    assert metrics.loss == pytest.approx(sum(losses) / 5, rel=1e-5)
+    assert metrics.grad_norm == pytest.approx(sum(norms) / 5, rel=1e-4)
     if estimator == "k1":
         assert_adam_params_match(params(trainer.module), expected)
     else:  # the chunked full-vocabulary KL's float noise (first update's gradient norm equal to 1e-7),
@@ -385,8 +385,8 @@ def test_k1_decoupled_reads_the_log_probs_the_step_started_from():
         return (torch.tensor(weights) * per_token).sum()
 
     expected, losses, _ = plain_updates(tiny_llama(0), chunks, loss_of)
-    assert metrics["optimizer_updates"] == 3
-    assert metrics["loss"] == pytest.approx(sum(losses) / 3, rel=1e-5)
+    assert metrics.optimizer_updates == 3
+    assert metrics.loss == pytest.approx(sum(losses) / 3, rel=1e-5)
     assert_adam_params_match(params(trainer.module), expected)
 
 
@@ -404,8 +404,8 @@ def test_k1_proximal_trains_each_update_on_its_own_log_probs():
         return (torch.tensor(weights) * per_token).sum()
 
     expected, losses, _ = plain_updates(tiny_llama(0), chunks, loss_of)
-    assert metrics["optimizer_updates"] == 3
-    assert metrics["loss"] == pytest.approx(sum(losses) / 3, rel=1e-5)
+    assert metrics.optimizer_updates == 3
+    assert metrics.loss == pytest.approx(sum(losses) / 3, rel=1e-5)
     assert_adam_params_match(params(trainer.module), expected)
 
 

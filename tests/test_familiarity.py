@@ -18,10 +18,10 @@ from turnopd.algorithm.familiarity import (
     entropy_from_logprobs,
     familiarity_factors,
     mask_spans,
-    reweight,
     span_signals,
     topk_tail_entropy,
 )
+from turnopd.algorithm.objective import reweight
 from turnopd.config import FamiliarityConfig, RecipeError
 from turnopd.core.types import build_token_batch
 from turnopd.trainer import Trainer
@@ -151,12 +151,12 @@ def test_the_in_process_teacher_gives_the_same_signals_from_its_own_forward(teac
     trainer = Trainer(student, *configs("full", "token_mean", micro_batch_tokens=40), total_steps=2,
                       teacher_model=copy.deepcopy(teacher))
     metrics = trainer.step(build_token_batch(TRAJS), alpha=0.0)
-    assert metrics["num_micro_batches"] > 1
+    assert metrics.num_micro_batches > 1
     expected = reference_signals(teacher, TRAJS)
     for name in ("context_logprob", "action_logprob", "action_entropy"):
         want = [[turn[name] for turn in traj] for traj in expected]
-        assert metrics["turn_signals"][name] == [pytest.approx(w, rel=1e-4, abs=1e-5) for w in want]
-    assert metrics["familiarity_kept_share"] is None
+        assert metrics.turn_signals[name] == [pytest.approx(w, rel=1e-4, abs=1e-5) for w in want]
+    assert metrics.familiarity_kept_share is None
 
 
 def test_without_signals_the_in_process_teacher_trains_the_same_step(teacher_dir):
@@ -168,9 +168,9 @@ def test_without_signals_the_in_process_teacher_trains_the_same_step(teacher_dir
                           total_steps=2, teacher_model=copy.deepcopy(teacher),
                           familiarity_cfg=FamiliarityConfig(signals=signals))
         metrics[signals] = trainer.step(build_token_batch(TRAJS), alpha=0.0)
-    assert metrics[False]["turn_signals"] == {} and set(metrics[True]["turn_signals"]) == {
+    assert metrics[False].turn_signals == {} and set(metrics[True].turn_signals) == {
         "context_logprob", "action_logprob", "action_entropy"}
-    assert metrics[False]["loss"] == metrics[True]["loss"] and metrics[False]["turn_kl"] == metrics[True]["turn_kl"]
+    assert metrics[False].loss == metrics[True].loss and metrics[False].turn_kl == metrics[True].turn_kl
 
 
 # ------------------------------------------------------------------------------------------------
@@ -220,9 +220,9 @@ def test_gate_and_weight_train_the_hand_reweighted_loss(mode):
         expected_w = base.double() * factors * base.double().sum() / (base.double() * factors).sum()
         expected = reference_loss(copy.deepcopy(STUDENT), TRAJS, "k3", "token_mean", 0.0, weights=expected_w.tolist())
         metrics = step_loss(scored, familiarity, mode)
-        assert metrics["loss"] == pytest.approx(expected.item(), rel=1e-5)
+        assert metrics.loss == pytest.approx(expected.item(), rel=1e-5)
         kept = float((base.double() * factors).sum() / base.double().sum())
-        assert metrics["familiarity_kept_share"] == pytest.approx(kept, rel=1e-6)
+        assert metrics.familiarity_kept_share == pytest.approx(kept, rel=1e-6)
         assert 0 < kept < 1
 
 
@@ -240,12 +240,12 @@ def test_none_and_a_gate_every_turn_passes_reproduce_todays_loss_exactly():
     turns = [turn for traj in TRAJS for turn in traj.turns]
     scored = with_signals(TRAJS, "context_logprob", [-1.0] * len(turns))
     today = step_loss(TRAJS, None)
-    assert step_loss(scored, FamiliarityConfig(mode="none", threshold=5.0))["loss"] == today["loss"]
+    assert step_loss(scored, FamiliarityConfig(mode="none", threshold=5.0)).loss == today.loss
     passing = step_loss(scored, FamiliarityConfig(mode="gate", threshold=-9.0))
-    assert passing["loss"] == pytest.approx(today["loss"], rel=1e-12)
-    assert passing["familiarity_kept_share"] == pytest.approx(1.0)
+    assert passing.loss == pytest.approx(today.loss, rel=1e-12)
+    assert passing.familiarity_kept_share == pytest.approx(1.0)
     shut = step_loss(scored, FamiliarityConfig(mode="gate", threshold=0.0))  # every turn gated out
-    assert shut["loss"] == 0.0 and shut["familiarity_kept_share"] == 0.0
+    assert shut.loss == 0.0 and shut.familiarity_kept_share == 0.0
 
 
 def test_a_missing_signal_is_named():

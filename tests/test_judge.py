@@ -27,7 +27,6 @@ from turnopd.algorithm.judge import (
 from turnopd.config import EnvConfig, RecipeError
 from turnopd.orchestration.recipe import load_recipe
 from turnopd.rollout.base import Generation, SamplingParams
-from turnopd.rollout.engine import chat_prompt_ids
 from turnopd.rollout.judge import (
     MEMORY_FILE,
     Judge,
@@ -39,6 +38,7 @@ from turnopd.rollout.judge import (
     episode_steps,
     judge_prompt,
 )
+from turnopd.rollout.render import chat_prompt_ids
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from turnopd.algorithm.objective import (
     ADVANTAGES,
     deep_turn_share,
+    WeightParams,
     divergence,
+    final_token_weights,
     full_vocab_loss,
     gather_logprobs,
     k1_loss,
@@ -301,6 +303,50 @@ def test_deep_turn_share_hand_worked():
     # |w l| = [.25, .5, .75, .5], total 2.0; deep = .75 -> 0.375
     assert deep_turn_share(w, loss, turn, traj) == pytest.approx(0.375)
     assert deep_turn_share(w, torch.zeros(4), turn, traj) == 0.0
+
+
+def test_deep_turn_share_sums_over_ranks():
+    # two ranks: this one holds trajectory 0 above (deep mass .75 of 1.5); the other reports deep 0.25 of 0.5
+    traj, turn = torch.tensor([0, 0, 0]), torch.tensor([0, 1, 2])
+    w, loss = torch.full((3,), 0.25), torch.tensor([1.0, 2.0, 3.0])
+    other = [0.25, 0.5]
+    share = deep_turn_share(w, loss, turn, traj, lambda xs: [a + b for a, b in zip(xs, other, strict=True)])
+    assert share == pytest.approx((0.75 + 0.25) / (1.5 + 0.5))  # 0.5
+    assert deep_turn_share(w[:0], loss[:0], turn[:0], traj[:0], lambda xs: [a + b for a, b in zip(xs, other)]) == 0.5
+
+
+def test_final_token_weights_by_hand():
+    # TRAJ/TURN above, mode trajectory: m = [1/8]*4 + [1/4]*2 (sum 1)
+    counts = (2, 6, 4)
+    m, kept = final_token_weights(TRAJ, TURN, "trajectory", WeightParams(), counts)
+    assert m.tolist() == approx([0.125] * 4 + [0.25] * 2) and kept is None
+    # familiarity gate g = [1, 1, 1, 0, 1, 0]: sum(m g) = 3/8 + 1/4 = 5/8, so m' = m g * 8/5
+    g = torch.tensor([1.0, 1, 1, 0, 1, 0])
+    w, kept = final_token_weights(TRAJ, TURN, "trajectory", WeightParams(), counts, familiarity=g)
+    assert w.tolist() == approx([0.2] * 3 + [0.0] + [0.4, 0.0]) and kept == pytest.approx(5 / 8)
+    # then trajectory factors f = 2 (trajectory 0), 1 (trajectory 1): sum(m' f) = 1.2 + 0.4 = 1.6, scale 1/1.6
+    f = torch.tensor([2.0] * 4 + [1.0] * 2, dtype=torch.float64)
+    w, kept = final_token_weights(TRAJ, TURN, "trajectory", WeightParams(), counts, familiarity=g, trajectory=f)
+    assert w.tolist() == approx([0.25] * 3 + [0.0] + [0.25, 0.0]) and float(w.sum()) == pytest.approx(1.0)
+    # the constant mode reads constant_k from the params: 1/(N_traj k) = 1/(2 * 5)
+    w, _ = final_token_weights(TRAJ, TURN, "constant", WeightParams(constant_k=5), counts)
+    assert w.tolist() == approx([0.1] * 6)
+    # progressive reads alpha (test_progressive_weights_hand_worked's numbers)
+    w, _ = final_token_weights(TRAJ, TURN, "progressive", WeightParams(alpha=0.25), counts)
+    assert w.tolist() == approx([0.11458333333] * 3 + [0.15625] + [0.25] * 2)
+
+
+def test_final_token_weights_of_a_rank_without_tokens_still_joins_the_sums():
+    calls = []
+
+    def other_rank(xs):  # this rank has no token; the other holds weight 1, of which its factors kept 0.5
+        calls.append(xs)
+        return [xs[0] + 1.0, xs[1] + 0.5]
+
+    empty = torch.zeros(0, dtype=torch.long)
+    w, kept = final_token_weights(empty, empty, "trajectory", WeightParams(), (2, 6, 4), familiarity=torch.zeros(0),
+                                  trajectory=torch.zeros(0), sum_over_ranks=other_rank)
+    assert w.numel() == 0 and kept == pytest.approx(0.5) and calls == [[0.0, 0.0], [0.0, 0.0]]
 
 
 def test_per_trajectory_turn_means_and_profile():

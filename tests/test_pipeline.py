@@ -228,9 +228,9 @@ def _reference_sync_losses(cfg) -> list[tuple[float, int, int]]:
             score_trajectories(teachers, trajectories)
             alpha = loss_alpha(step, cfg.trainer.steps, cfg.loss.alpha_start, cfg.loss.alpha_end, cfg.loss.alpha_schedule)
             result = trainer.step(build_token_batch(trajectories), alpha)
-            loss = result["loss"]
+            loss = result.loss
             if probe:  # the controller learns from the probes' per-turn KL of the train step
-                turn_kl = [kl for kl, t in zip(result["turn_kl"], trajectories, strict=True) if not t.failed_by_env]
+                turn_kl = [kl for kl, t in zip(result.turn_kl, trajectories, strict=True) if not t.failed_by_env]
                 depth.update(turn_kl, [t.success for t in trajectories if not t.failed_by_env])
             policy.update_weights(trainer.module)
             out.append((loss, sum(t.num_action_tokens for t in trajectories), cap))
@@ -315,7 +315,7 @@ def test_a_stale_batch_trains_with_the_log_probs_stored_when_it_was_sampled(mode
         for turn, lp in zip(t.turns, lps, strict=True):
             turn.student_logprobs = lp
     ratio_one = reference_loss(version1, on_policy, "k1", "token_mean", 0.0).item()
-    loss = trainer.step(build_token_batch(stale), alpha=0.0)["loss"]
+    loss = trainer.step(build_token_batch(stale), alpha=0.0).loss
     assert loss == pytest.approx(expected, rel=1e-5)
     assert abs(expected - unclipped) > 1e-4 and abs(expected - ratio_one) > 1e-4  # both would be caught
 

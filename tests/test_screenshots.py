@@ -157,19 +157,19 @@ def test_the_trainer_reads_the_screenshots_and_drops_a_batch_that_lost_one(model
         for turn in traj.turns:
             turn.teacher_logprobs = [lp - 0.1 for lp in turn.student_logprobs]
     trainer = make_trainer(models)
-    screens = attach_screens(spec, models / "student", trainer)
+    screens = trainer.images = attach_screens(spec, models / "student")
     before = {k: v.clone() for k, v in trainer.module.state_dict().items()}
     lost = trajectories[1].turns[0].image_keys[0]
     pixels = spec.pixel_store.get([lost])[lost]
     spec.pixel_store.free([lost])
     dropped = trainer.step(build_token_batch(trajectories), alpha=0.0)
-    assert dropped["dropped"] and dropped["missing_screenshots"] == 1 and dropped["skipped"]
+    assert dropped.dropped and dropped.missing_images == 1 and dropped.skipped
     assert all(torch.equal(before[k], v) for k, v in trainer.module.state_dict().items())
     assert screens.counts.images == 0  # nothing fetched for a dropped batch
     assert spec.pixel_store.put(pixels) == lost  # back, for the tests after this one
     result = trainer.step(build_token_batch([trajectories[0]]), alpha=0.0)  # its screenshots are all there
     # the trainer's forward with the screenshots reproduces the rollout's log-probs: KL exactly 0.1
-    assert not result.get("dropped") and result["mean_kl"] == pytest.approx(0.1, abs=5e-4)
+    assert not result.dropped and result.mean_kl == pytest.approx(0.1, abs=5e-4)
     assert screens.counts.images == 2  # one screenshot per turn, fetched for the forward
     assert any(not torch.equal(before[k], v) for k, v in trainer.module.state_dict().items())
 

@@ -330,10 +330,10 @@ def test_nll_step_loss_is_the_mean_answer_token_nll(tiny_model_dir: Path) -> Non
 
     trainer = Trainer(model, TrainerConfig(steps=1, lr=1e-2), ObjectiveConfig(estimator="nll"),
                       LossConfig(mode="token_mean"), total_steps=20)
-    first = trainer.step(example_batch(examples, "walk"), alpha=0.0)["loss"]
+    first = trainer.step(example_batch(examples, "walk"), alpha=0.0).loss
     assert first == pytest.approx(expected, rel=1e-4)
     for _ in range(15):
-        last = trainer.step(example_batch(examples, "walk"), alpha=0.0)["loss"]
+        last = trainer.step(example_batch(examples, "walk"), alpha=0.0).loss
     assert last < 0.5 * first
 
 

@@ -59,7 +59,7 @@ def test_episodes_carry_their_turn_limits_to_each_rank(monkeypatch):
 def _trajectory(turn_tokens: list[int], weight: float | None) -> Trajectory:
     turns = [Turn(index=i, observation="", prompt_ids=[1, 2], action_ids=[3] * n, student_logprobs=[-1.0] * n)
              for i, n in enumerate(turn_tokens)]
-    return Trajectory(task_id="t", env_name="e", turns=turns, world_model_weight=weight)
+    return Trajectory(task_id="t", env_name="e", turns=turns, loss_weight=weight)
 
 
 def test_trajectory_loss_factors_are_their_own_field_of_the_token_batch():

@@ -22,7 +22,7 @@ from turnopd.config import EnvConfig
 from turnopd.core.types import EpisodeSummary
 from turnopd.orchestration.run_log import world_model_fields
 from turnopd.orchestration.world_model_training import fidelity_table, metric_table, replay_table
-from turnopd.rollout.world_model_pool import Verdict
+from turnopd.rollout.world_model_pool import WORLD_MODEL, Verdict, WorldModelTrace
 
 # ------------------------------------------------------------------------- Online Debiasing
 
@@ -76,8 +76,8 @@ def test_debiased_mean_removes_an_optimistic_models_bias_on_average():
 
 def _episode(success: bool, depth: int, *, world_model: bool = False, predicted: float | None = None,
              verdict_steps: int = 0, env_error: str = "") -> EpisodeSummary:
-    return EpisodeSummary("t", "look", success, depth, False, 0, 0, env_error, world_model=world_model,
-                          predicted_success=predicted, verdict_steps=verdict_steps)
+    trace = WorldModelTrace(played=world_model, predicted_success=predicted, verdict_steps=verdict_steps)
+    return EpisodeSummary("t", "look", success, depth, False, 0, 0, env_error, addons={WORLD_MODEL: trace})
 
 
 def test_a_steps_world_model_record_by_hand():

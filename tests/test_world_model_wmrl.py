@@ -20,6 +20,7 @@ from turnopd.config import RunConfig
 from turnopd.core.types import EpisodeSummary, Trajectory
 from turnopd.orchestration.outcomes import Outcomes
 from turnopd.orchestration.pipeline.plan import anchored_episodes, grouped_tasks, sample_tasks
+from turnopd.rollout.world_model_pool import WORLD_MODEL, WorldModelTrace
 
 # ----------------------------------------------------------------- the isotonic map (debias=isotonic)
 
@@ -196,8 +197,8 @@ def _cfg(**world_model) -> RunConfig:
 
 def _summary(task: str, success: bool, world_model: bool, predicted: float | None = None,
              env_error: str = "") -> EpisodeSummary:
-    return EpisodeSummary(task, "look", success, 3, False, 0, 5, env_error, world_model=world_model,
-                          predicted_success=predicted)
+    trace = WorldModelTrace(played=world_model, predicted_success=predicted)
+    return EpisodeSummary(task, "look", success, 3, False, 0, 5, env_error, addons={WORLD_MODEL: trace})
 
 
 def test_outcomes_put_the_anchor_weight_on_the_real_groups_and_advantages_on_all():
@@ -210,7 +211,7 @@ def test_outcomes_put_the_anchor_weight_on_the_real_groups_and_advantages_on_all
     trajectories = [Trajectory(e.task_id, "alfworld") for e in episodes]
     fields = outcomes.apply(trajectories, episodes)
     assert fields == {"world_model_anchor_weight": pytest.approx(2.0), "world_model_anchor_groups": 1}
-    assert [t.world_model_weight for t in trajectories] == [2.0, 2.0, 1.0, 1.0, 1.0]
+    assert [t.loss_weight for t in trajectories] == [2.0, 2.0, 1.0, 1.0, 1.0]
     # group a: 1, 0 -> +-1/(1/2 + 1e-4) * 1/2; group b: 1, 0 (the env error is not graded: 0)
     a = 0.5 / (0.5 + 1e-4)
     assert [t.advantage for t in trajectories] == pytest.approx([a, -a, a, -a, 0.0])
@@ -232,7 +233,7 @@ def test_outcomes_do_nothing_in_a_plain_run():
     cfg = RunConfig(name="t")
     trajectories = [Trajectory("a", "alfworld")]
     assert Outcomes(cfg).apply(trajectories, [_summary("a", True, False)]) == {}
-    assert trajectories[0].world_model_weight is None and trajectories[0].advantage is None
+    assert trajectories[0].loss_weight is None and trajectories[0].advantage is None
 
 
 def test_the_recipes_schedule_keys_reach_the_corrections_and_null_keeps_wmrls_constants():

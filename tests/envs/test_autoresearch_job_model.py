@@ -197,10 +197,11 @@ def test_the_pool_plays_the_answerer_and_counts_its_disagreement() -> None:
         return await pool.step_slot(0, "set lr 0.03")
 
     outcome = asyncio.run(play())
+    (disagreement,) = pool.take_trace(0).disagreements
     # the K = 3 answers are the members drawn by the pool's streams (seed, batch, slot, episode, step, k)
     members = [random.Random(request_seed(5, 0, 0, 1, 0, k)).randrange(3) for k in range(3)]
     drawn = [offsets[m] for m in members]
-    assert outcome.info["world_model_disagreement"] == pytest.approx(1 - max(Counter(drawn).values()) / 3)
+    assert disagreement == pytest.approx(1 - max(Counter(drawn).values()) / 3)
     real = oracle.result(SHORT, config_from({**dict(zip(KNOB_NAMES, START, strict=True)), "lr": "0.03"})).accuracy
     played = snap(real + drawn[0], "spirals")
     assert outcome.observation.startswith(f"Ran lr=0.03 (was 0.003): validation accuracy {100 * played:.2f}%")

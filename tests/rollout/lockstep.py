@@ -12,7 +12,7 @@ import dataclasses
 from envs.base import PromptContext
 from turnopd.core.types import Trajectory, Turn
 from turnopd.rollout.base import request_seed
-from turnopd.rollout.engine import chat_prompt_ids
+from turnopd.rollout.render import chat_prompt_ids
 
 
 async def _generate(policy, prompts, sampling, episodes, turn_index):

@@ -18,7 +18,9 @@ from turnopd.core.ledger import Ledger
 from turnopd.orchestration.pipeline.plan import episode_turn_limits
 from turnopd.rollout import POLICY_BACKENDS, Generation, SamplingParams
 from turnopd.rollout.completion import PromptTooLongError
-from turnopd.rollout.engine import chat_prompt_ids, rollout
+from turnopd.rollout.engine import POLICY_SAMPLE, rollout
+from turnopd.rollout.render import chat_prompt_ids
+from turnopd.rollout.takeover import Takeover
 
 # Task ids "need-K:PATTERN": the env is won after K actions "step"; the scripted policy answers turn
 # t by PATTERN[t % len]: "s" -> step, "x" -> an action the env refuses, "?" -> no action tags.
@@ -184,6 +186,54 @@ def test_the_engine_plays_each_episode_to_the_limit_it_is_given(tokenizer):
     assert [(t.depth, t.truncated, t.is_probe) for t in given] == [(2, True, True), (6, False, False), (4, True, False)]
     default = rollout(spec, pool, policy, ["need-20:s"] * 2, env_config=env_config, sampling=SamplingParams())
     assert [(t.depth, t.truncated) for t in default] == [(6, False), (6, False)]
+
+
+class StepAfterWatching:
+    """An action source that sees every turn's state and answers "step" from turn 1 on (the policy's
+    own sample at turn 0): the hook the judge plugs into."""
+
+    def __init__(self):
+        self.states = []
+
+    async def act(self, policy, prompt, sampling, state, busy):
+        self.states.append(state)
+        if state.turn == 0:
+            return await POLICY_SAMPLE.act(policy, prompt, sampling, state, busy)
+        ids = policy.tokenizer(ANSWERS["s"], add_special_tokens=False)["input_ids"]
+        return Generation(ids, [-1.0] * len(ids), ANSWERS["s"])
+
+
+def test_an_action_source_chooses_each_turns_action_from_the_episodes_state(tokenizer):
+    spec, pool, policy = CounterSpec(), InProcessPool(CounterSpec()), ScriptedPolicy(tokenizer)
+    policy.patterns["reach 3"] = "x"  # the policy alone would never step
+    source = StepAfterWatching()
+    (traj,) = rollout(spec, pool, policy, ["need-3:x"], env_config=EnvConfig(name="alfworld", max_turns=6),
+                      sampling=SamplingParams(), actions=source)
+    assert [turn.invalid for turn in traj.turns] == [True, False, False, False] and traj.success
+    assert policy.requests_per_turn == {0: 1}  # only turn 0 asked the policy
+    assert [(s.turn, s.goal, s.observation, len(s.history)) for s in source.states] == [
+        (0, "reach 3", "count 0", 0), (1, "reach 3", "count 0", 1), (2, "reach 3", "count 1", 2),
+        (3, "reach 3", "count 2", 3)]
+    assert source.states[2].history == [("count 0", "dance"), ("count 0", "step")]
+    assert all(s.first_observation == "count 0" and s.reset_info["task"] == "reach 3" for s in source.states)
+
+
+def test_a_takeover_replays_its_actions_into_the_history_not_the_trajectory(tokenizer):
+    spec, policy = CounterSpec(), ScriptedPolicy(tokenizer)
+    policy.patterns["reach 3"] = "s"
+    pool = Takeover(InProcessPool(spec), [["step", "dance"], ["step", "step", "step", "step"]])
+    taken, finished = rollout(spec, pool, policy, ["need-3:s", "need-3:s"],
+                              env_config=EnvConfig(name="alfworld", max_turns=5, history_length=2),
+                              sampling=SamplingParams())
+    # two replayed actions (count 1), then the policy's from turn 2: two steps reach 3
+    assert [turn.index for turn in taken.turns] == [2, 3] and taken.success
+    assert taken.turns[0].observation == "count 1"
+    expected = spec.render_prompt(PromptContext(task="reach 3", step=2, observation="count 1",
+                                                history=[("count 0", "step"), ("count 1", "dance")],
+                                                admissible=["step"]))
+    assert taken.turns[0].prompt_ids == chat_prompt_ids(tokenizer, expected)
+    # the replay won the game at its third action: it stops there, and the policy plays no turn
+    assert finished.depth == 0 and finished.success and finished.ended
 
 
 def test_bad_arguments_fail_before_any_env_work(tokenizer):

@@ -20,6 +20,7 @@ from turnopd.config import EnvConfig, PolicyConfig
 from turnopd.models.tiny import build_tiny_model
 from turnopd.rollout import POLICY_BACKENDS, SamplingParams
 from turnopd.rollout.engine import rollout
+from turnopd.rollout.takeover import Takeover
 
 pytestmark = pytest.mark.slow
 
@@ -170,8 +171,8 @@ def test_a_replayed_prefix_puts_the_policy_in_the_same_state(spec, games, policy
     with EnvPool(spec, num_workers=2, step_timeout_s=120) as pool:
         (whole,) = rollout(spec, pool, policy, [LOOK_GAME], env_config=ENV_CONFIG, sampling=SAMPLING)
         prefix = [spec.parse_action(turn.action_text).action for turn in whole.turns[:2]]
-        taken, wrong = rollout(spec, pool, policy, [LOOK_GAME, LOOK_GAME], env_config=ENV_CONFIG, sampling=SAMPLING,
-                               replays=[prefix, ["go to desk 1", "look"]])
+        taken, wrong = rollout(spec, Takeover(pool, [prefix, ["go to desk 1", "look"]]), policy, [LOOK_GAME, LOOK_GAME],
+                               env_config=ENV_CONFIG, sampling=SAMPLING)
     assert [turn.index for turn in taken.turns] == [2, 3] and taken.success
     assert [turn.prompt_ids for turn in taken.turns] == [turn.prompt_ids for turn in whole.turns[2:]]
     assert taken.turns[0].observation == whole.turns[2].observation

@@ -15,7 +15,7 @@ from turnopd.engines.hf_models import length_batches
 from turnopd.rollout import POLICY_BACKENDS, SamplingParams
 from turnopd.rollout.base import generate_all, request_seed
 from turnopd.rollout.completion import PromptTooLongError, finish_completion
-from turnopd.rollout.engine import chat_prompt_ids
+from turnopd.rollout.render import chat_prompt_ids
 from turnopd.rollout.transformers_backend import RowSampler, top_p_filter
 
 MESSAGES = ["You arrive at desk 1.", "Your task is to: put some pencil on desk. You see a bed 1 and a drawer 2.",

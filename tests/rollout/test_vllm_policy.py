@@ -20,7 +20,7 @@ from turnopd.config import EnvConfig, PolicyConfig  # noqa: E402
 from turnopd.models.tiny import build_tiny_model  # noqa: E402
 from turnopd.rollout import POLICY_BACKENDS, SamplingParams  # noqa: E402
 from turnopd.rollout.base import generate_all  # noqa: E402
-from turnopd.rollout.engine import chat_prompt_ids  # noqa: E402
+from turnopd.rollout.render import chat_prompt_ids  # noqa: E402
 
 MESSAGES = ["You arrive at desk 1.", "Your task is to: put some pencil on desk. You see a bed 1.", "Nothing happens."]
 OPTIONS = {"max_model_len": 1024}

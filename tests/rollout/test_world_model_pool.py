@@ -17,7 +17,7 @@ from turnopd.config import EnvConfig
 from turnopd.core.types import Trajectory, Turn
 from turnopd.rollout import Generation, SamplingParams
 from turnopd.rollout.engine import rollout
-from turnopd.rollout.world_model_pool import NO_STATUS, WorldModelPool, listed
+from turnopd.rollout.world_model_pool import NO_STATUS, WorldModelPool, listed, trace_of
 
 
 class ScriptedWorldModel:
@@ -64,18 +64,19 @@ def test_a_model_episode_resets_in_the_real_env_once_per_task_then_plays_the_mod
         first = await world.reset_slot(0, task)
         arrive = await world.step_slot(0, "go to desk 1")
         lamp = await world.step_slot(0, "use desklamp 1")
+        trace = world.take_trace(0)
         again = await world.reset_slot(0, task)
         broken = await world.step_slot(0, "go to bed 1")
-        return first, arrive, lamp, again, broken
+        return first, arrive, lamp, trace, again, broken
 
-    first, arrive, lamp, again, broken = asyncio.run(play())
+    first, arrive, lamp, trace, again, broken = asyncio.run(play())
     assert world.real_resets == 1 and first.info["world_model"] and first.observation == again.observation
     assert first.observation.startswith("-= Welcome to TextWorld, ALFRED! =-")
     # three samples, two the same once whitespace is normalised: all agree -> d = 0
-    assert (arrive.observation, arrive.done, arrive.info["world_model_disagreement"]) == ("You arrive at desk 1.", False, 0.0)
+    assert (arrive.observation, arrive.done, trace.disagreements[0]) == ("You arrive at desk 1.", False, 0.0)
     # won, won, lost: the first is played; d = 1 - 2/3
     assert (lamp.done, lamp.won, lamp.reward) == (True, True, 1.0)
-    assert lamp.info["world_model_disagreement"] == pytest.approx(1 / 3)
+    assert trace.played and trace.disagreements[1:] == [pytest.approx(1 / 3)]
     # the second step's prompt: the goal, the start, the last (observation, action), now, the action
     goal = first.info["task"]
     assert model.prompts[3].count(f"Goal: {goal}\nStart: {first.observation}\nRecent: [Observation 1: '"
@@ -212,10 +213,11 @@ def test_a_twin_verdict_is_the_ending_of_the_same_task_played_in_the_model_besid
     world = WorldModelPool(spec, real, model, history_length=1, max_observation_tokens=32, seed=5, verdict="twin")
     world.start_batch(2)
     [trajectory] = rollout(spec, real, student, [task], env_config=EnvConfig(name="alfworld", max_turns=3),
-                           sampling=SamplingParams(seed=9), world=world, simulated=[False])
+                           sampling=SamplingParams(seed=9), run_episode=world.runner(real, [False]))
     # the real episode played the env (3 looks, not won), and only it is returned: the twin is not trained on
-    assert (trajectory.depth, trajectory.success, trajectory.world_model) == (3, False, False)
-    assert (trajectory.predicted_success, trajectory.verdict_steps) == verdict
+    trace = trace_of(trajectory)
+    assert (trajectory.depth, trajectory.success, trace.played) == (3, False, False)
+    assert (trace.predicted_success, trace.verdict_steps) == verdict
     # the twin started from the real episode's reset (the env was not reset for it) ...
     assert world.real_resets == 0 and model.answers == []
     assert model.prompts[0].count(f"Now: {trajectory.turns[0].observation}\nAction: look") == 1

@@ -32,7 +32,7 @@ def main(out_dir: Path) -> None:
     with trainer.gathered_parameters() as model:
         total = float(sum(p.detach().double().sum() for p in model.parameters()))
     (out_dir / f"rank{rank}.json").write_text(json.dumps({
-        "optimizer_updates": metrics["optimizer_updates"], "loss": metrics["loss"], "skipped": metrics["skipped"],
+        "optimizer_updates": metrics.optimizer_updates, "loss": metrics.loss, "skipped": metrics.skipped,
         "rows": sum(1 for traj in GLOBAL_BATCH[start:end] for turn in traj.turns if turn.action_ids),
         "parameter_sum": total}))
 

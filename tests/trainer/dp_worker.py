@@ -33,7 +33,7 @@ def main(out_dir: Path, zero_stage: int) -> None:
     records = []
     for k in range(STEPS):
         m = trainer.step(batch, alpha=k / (STEPS - 1))
-        records.append({key: m[key] for key in ("loss", "grad_norm", "lr", "mean_kl", "deep_turn_share", "turn_kl",
+        records.append({key: getattr(m, key) for key in ("loss", "grad_norm", "lr", "mean_kl", "deep_turn_share", "turn_kl",
                                                 "action_tokens", "tokens_trained", "num_micro_batches")})
     trainer.save(out_dir / "ckpt")
     if rank == 0:

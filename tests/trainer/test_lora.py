@@ -54,7 +54,7 @@ def test_adapter_trains_alone_with_the_loss_of_a_full_forward():
         reference = copy.deepcopy(trainer.module)  # the weights this step starts from
         expected = float(reference_loss(reference, trajs, "k1", "progressive", alpha=0.5 * i))
         got = trainer.step(build_token_batch(trajs), alpha=0.5 * i)
-        assert got["loss"] == pytest.approx(expected, rel=1e-5)
+        assert got.loss == pytest.approx(expected, rel=1e-5)
     assert all(torch.equal(p, base_before[n]) for n, p in named(trainer.module, trainable=False).items())
     moved = named(trainer.module, trainable=True)
     assert all(float(p.abs().max()) > 0 for n, p in moved.items() if "lora_B" in n)  # B starts at 0
@@ -80,7 +80,7 @@ def test_checkpoint_is_a_peft_adapter_and_resumes_exactly(tmp_path):
     resumed = Trainer(lora_llama(), *cfgs, total_steps=4)
     resumed.load(tmp_path / "ckpt")
     got = resumed.step(build_token_batch(BATCHES[1]), alpha=0.6)
-    assert got["loss"] == expected["loss"] and got["lr"] == expected["lr"]
+    assert got.loss == expected.loss and got.lr == expected.lr
     assert all(torch.equal(p, named(first.module, True)[n]) for n, p in named(resumed.module, True).items())
 
 

@@ -95,11 +95,11 @@ def test_a_step_on_prefixed_rows_equals_the_reference_and_the_unshared_step(esti
         with trainer.gathered_parameters() as model:
             out.append((metrics, {n: p.detach().clone() for n, p in model.named_parameters()}, calls))
     (shared, p_shared, calls_shared), (whole, p_whole, calls_whole) = out
-    assert metrics["num_micro_batches"] == 1
+    assert metrics.num_micro_batches == 1
     assert calls_shared[0] == (1, len(PREFIX)) and len(calls_shared) == 2
     assert len(calls_whole) == 1
-    assert shared["loss"] == pytest.approx(expected.item(), rel=1e-5)
-    assert whole["loss"] == pytest.approx(expected.item(), rel=1e-5)
-    assert shared["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-5)
+    assert shared.loss == pytest.approx(expected.item(), rel=1e-5)
+    assert whole.loss == pytest.approx(expected.item(), rel=1e-5)
+    assert shared.grad_norm == pytest.approx(whole.grad_norm, rel=1e-5)
     for name, value in p_whole.items():
         torch.testing.assert_close(p_shared[name], value, rtol=0, atol=5e-4, msg=name)

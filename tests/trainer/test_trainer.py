@@ -53,9 +53,9 @@ def test_loss_equals_weighted_sum_from_a_full_forward(estimator, mode, tied):
                       teacher_model=copy.deepcopy(teacher))
     expected = reference_loss(tiny_llama(seed=0, tied=tied), TRAJS, estimator, mode, alpha=0.3, teacher=teacher)
     metrics = trainer.step(build_token_batch(TRAJS), alpha=0.3)
-    assert metrics["num_micro_batches"] > 1
-    assert metrics["loss"] == pytest.approx(expected.item(), rel=1e-5)
-    assert not metrics["skipped"]
+    assert metrics.num_micro_batches > 1
+    assert metrics.loss == pytest.approx(expected.item(), rel=1e-5)
+    assert not metrics.skipped
 
 
 def test_the_reward_term_adds_its_weighted_policy_gradient_and_weight_0_changes_nothing():
@@ -74,13 +74,13 @@ def test_the_reward_term_adds_its_weighted_policy_gradient_and_weight_0_changes_
     pg = sum(w * -math.exp(float(rows[p][turn.action_ids[j]].detach()) - turn.student_logprobs[j]) * a
              for p, ((turn, j, a), w) in enumerate(zip(tokens, weights, strict=True)))
     expected = reference_loss(model, trajs, "k1", mode, alpha=0.3).item() + 0.5 * pg
-    assert rewarded.step(build_token_batch(trajs), alpha=0.3)["loss"] == pytest.approx(expected, rel=1e-5)
+    assert rewarded.step(build_token_batch(trajs), alpha=0.3).loss == pytest.approx(expected, rel=1e-5)
     # reward_weight 0: the batch's advantages are never read, the step is the pure-OPD one bit for bit
     runs = []
     for batch in (build_token_batch(TRAJS), build_token_batch(trajs)):
         trainer = Trainer(tiny_llama(0), trainer_cfg, objective, loss_cfg, total_steps=2)
         runs.append((trainer.step(batch, alpha=0.3), params(trainer.module)))
-    assert runs[0][0]["loss"] == runs[1][0]["loss"] and runs[0][0]["grad_norm"] == runs[1][0]["grad_norm"]
+    assert runs[0][0].loss == runs[1][0].loss and runs[0][0].grad_norm == runs[1][0].grad_norm
     assert max_diff(runs[0][1], runs[1][1]) == 0.0
     with pytest.raises(ValueError, match="needs each trajectory's advantage"):
         rewarded.step(build_token_batch(TRAJS), alpha=0.3)
@@ -109,11 +109,11 @@ def test_steps_change_parameters_as_plain_adamw(zero_stage, tied):
                                                     lr_warmup_steps=2), total_steps=5)
     metrics = [trainer.step(build_token_batch(TRAJS), alpha) for alpha in (0.0, 0.5)]
     # warm-up over 2 steps: lr factors 1/2 then 2/2
-    assert [m["lr"] for m in metrics] == pytest.approx([0.5e-2, 1e-2])
+    assert [m.lr for m in metrics] == pytest.approx([0.5e-2, 1e-2])
     expected, norms = plain_adamw_steps(tiny_llama(0, tied), (0.0, 0.5), lr=1e-2, grad_clip=1.0,
                                         weight_decay=0.01, lr_factors=(0.5, 1.0))
     # Adam and clipping hide the gradient's scale from the parameters; its norm shows it
-    assert [m["grad_norm"] for m in metrics] == pytest.approx(norms, rel=1e-5)
+    assert [m.grad_norm for m in metrics] == pytest.approx(norms, rel=1e-5)
     with trainer.gathered_parameters() as model:
         got = params(model)
     assert_adam_params_match(got, expected)
@@ -127,9 +127,9 @@ def test_micro_batch_packing_gives_the_parameters_of_one_micro_batch():
         metrics = trainer.step(build_token_batch(TRAJS), alpha=0.5)
         results.append((metrics, params(trainer.module)))
     (one, p_one), (many, p_many) = results
-    assert one["num_micro_batches"] == 1 and many["num_micro_batches"] > 5
-    assert many["loss"] == pytest.approx(one["loss"], rel=1e-6)
-    assert many["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-6)
+    assert one.num_micro_batches == 1 and many.num_micro_batches > 5
+    assert many.loss == pytest.approx(one.loss, rel=1e-6)
+    assert many.grad_norm == pytest.approx(one.grad_norm, rel=1e-6)
     assert_adam_params_match(p_many, p_one)
 
 
@@ -152,9 +152,9 @@ def test_metrics_from_an_independent_computation():
     metrics = trainer.step(batch, alpha=0.5)
     took = time.perf_counter() - start
     # the step's parts (no in-process teacher here: its part is ~0) fit inside its wall-clock
-    assert set(metrics["train_parts"]) == {"teacher", "forward_backward", "optimizer"}
-    assert all(v >= 0 for v in metrics["train_parts"].values()) and sum(metrics["train_parts"].values()) <= took
-    assert metrics["train_parts"]["forward_backward"] > metrics["train_parts"]["teacher"]
+    assert set(metrics.train_parts) == {"teacher", "forward_backward", "optimizer"}
+    assert all(v >= 0 for v in metrics.train_parts.values()) and sum(metrics.train_parts.values()) <= took
+    assert metrics.train_parts["forward_backward"] > metrics.train_parts["teacher"]
 
     with torch.no_grad():
         rows = reference_token_logprobs(tiny_llama(0), TRAJS)
@@ -167,14 +167,14 @@ def test_metrics_from_an_independent_computation():
             kl.extend(diffs)
             per_turn.append(sum(diffs) / len(diffs))
         turn_kl.append(per_turn)
-    assert metrics["mean_kl"] == pytest.approx(sum(kl) / len(kl), rel=1e-5)
-    assert metrics["turn_kl"] == [pytest.approx(x, rel=1e-5) for x in turn_kl]
+    assert metrics.mean_kl == pytest.approx(sum(kl) / len(kl), rel=1e-5)
+    assert metrics.turn_kl == [pytest.approx(x, rel=1e-5) for x in turn_kl]
     # one micro-batch: every sequence padded to the longest
     lens = batch.seq_lens.tolist()
     padding = len(lens) * max(lens) - sum(lens)
-    assert metrics["padding_share"] == pytest.approx(padding / (len(lens) * max(lens)))
-    assert (metrics["tokens_trained"], metrics["action_tokens"]) == (sum(lens), len(kl))
-    assert metrics["grad_norm"] > 0 and metrics["lr"] == pytest.approx(1e-2)
+    assert metrics.padding_share == pytest.approx(padding / (len(lens) * max(lens)))
+    assert (metrics.tokens_trained, metrics.action_tokens) == (sum(lens), len(kl))
+    assert metrics.grad_norm > 0 and metrics.lr == pytest.approx(1e-2)
 
 
 def test_deep_turn_share_from_an_independent_computation():
@@ -194,7 +194,7 @@ def test_deep_turn_share_from_an_independent_computation():
                 total += mass
                 deep += mass if 3 * turn.index >= 2 * len(traj.turns) else 0.0
                 p += 1
-    assert metrics["deep_turn_share"] == pytest.approx(deep / total, rel=1e-5)
+    assert metrics.deep_turn_share == pytest.approx(deep / total, rel=1e-5)
 
 
 def test_sequences_and_trajectories_without_action_tokens_are_neither_run_nor_counted():
@@ -203,8 +203,8 @@ def test_sequences_and_trajectories_without_action_tokens_are_neither_run_nor_co
     trainer = Trainer(tiny_llama(0), *configs("k1", "progressive"), total_steps=2)
     metrics = trainer.step(build_token_batch(trajs), alpha=0.5)
     expected = reference_loss(tiny_llama(0), TRAJS, "k1", "progressive", alpha=0.5)  # as if it were absent
-    assert metrics["loss"] == pytest.approx(expected.item(), rel=1e-5)
-    assert metrics["tokens_trained"] == build_token_batch(TRAJS).num_tokens
+    assert metrics.loss == pytest.approx(expected.item(), rel=1e-5)
+    assert metrics.tokens_trained == build_token_batch(TRAJS).num_tokens
 
 
 def test_rank_shares_with_global_counts_reproduce_the_single_process_weights():
@@ -230,11 +230,11 @@ def test_nan_loss_skips_the_step_and_repeated_ones_stop_training(zero_stage, dty
     before = params(trainer.module)
 
     metrics = trainer.step(bad, alpha=0.0)
-    assert metrics["skipped"] and math.isnan(metrics["loss"])
+    assert metrics.skipped and math.isnan(metrics.loss)
     assert max_diff(params(trainer.module), before) == 0.0
 
     good = trainer.step(build_token_batch(TRAJS), alpha=0.0)
-    assert not good["skipped"] and good["lr"] == pytest.approx(0.5e-2)  # the skip did not advance the schedule
+    assert not good.skipped and good.lr == pytest.approx(0.5e-2)  # the skip did not advance the schedule
     assert max_diff(params(trainer.module), before) > 1e-4
 
     after_good = params(trainer.module)
@@ -261,7 +261,7 @@ def test_save_and_load_continue_exactly(tmp_path, zero_stage, dtype):
     resumed.load(tmp_path / "ckpt")
     assert resumed.steps_taken == 1
     got = resumed.step(batches[1], alpha=0.6)
-    assert got["loss"] == expected["loss"] and got["lr"] == expected["lr"]
+    assert got.loss == expected.loss and got.lr == expected.lr
     assert max_diff(params(resumed.module), params(first.module)) == 0.0
 
     hf = LlamaForCausalLM.from_pretrained(tmp_path / "ckpt")

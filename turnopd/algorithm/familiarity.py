@@ -89,14 +89,6 @@ def familiarity_factors(values: torch.Tensor, mode: str, signal: str, threshold:
     return FAMILIARITY_MODES.get(mode)(values.to(torch.get_default_dtype()), threshold, temperature, direction)
 
 
-def reweight(weights: torch.Tensor, factors: torch.Tensor, total_before: float, total_after: float) -> torch.Tensor:
-    """w' = w g W / W' with the global sums W = sum w and W' = sum w g (w' = 0 when W' = 0: every
-    turn was gated out, and the step trains on nothing)."""
-    if total_after <= 0:
-        return torch.zeros_like(weights)
-    return weights * factors.to(weights) * (total_before / total_after)
-
-
 # --------------------------------------------------------------------------------------------
 # The signals from a teacher's per-position scores
 # --------------------------------------------------------------------------------------------

@@ -42,33 +42,42 @@ class TokenCounts:
     num_turn_rows: int  # N_rows
 
 
-WeightFn = Callable[[TokenCounts, float, "float | None"], torch.Tensor]
+@dataclass(frozen=True)
+class WeightParams:
+    """What the loss modes read besides the counts: the progressive alpha, and loss.constant_k (in
+    turns) of the constant modes."""
+
+    alpha: float = 0.0
+    constant_k: float | None = None
+
+
+WeightFn = Callable[[TokenCounts, WeightParams], torch.Tensor]
 TOKEN_WEIGHT_MODES: Registry[WeightFn] = Registry("loss mode")
 
 
 @TOKEN_WEIGHT_MODES.register("token")  # the design's name, docs/algorithm.md
 @TOKEN_WEIGHT_MODES.register("token_mean")
-def token_mean_weights(c: TokenCounts, alpha: float, constant_k: float | None) -> torch.Tensor:
+def token_mean_weights(c: TokenCounts, p: WeightParams) -> torch.Tensor:
     """w = 1 / N_tokens: every student token of the batch weighs the same."""
     return torch.full_like(c.traj_tokens, 1.0 / c.num_tokens, dtype=torch.get_default_dtype())
 
 
 @TOKEN_WEIGHT_MODES.register("sequence")  # the design's name, docs/algorithm.md
 @TOKEN_WEIGHT_MODES.register("trajectory")
-def trajectory_weights(c: TokenCounts, alpha: float, constant_k: float | None) -> torch.Tensor:
+def trajectory_weights(c: TokenCounts, p: WeightParams) -> torch.Tensor:
     """w = 1 / (N_traj * n_i): each trajectory its token mean (vanilla OPD, seq-mean-token-mean)."""
     return 1.0 / (c.num_trajectories * c.traj_tokens.to(torch.get_default_dtype()))
 
 
 @TOKEN_WEIGHT_MODES.register("turn")
-def turn_weights(c: TokenCounts, alpha: float, constant_k: float | None) -> torch.Tensor:
+def turn_weights(c: TokenCounts, p: WeightParams) -> torch.Tensor:
     """w = 1 / (N_traj * T_i * n_it): every turn of every trajectory weighs the same."""
     dt = torch.get_default_dtype()
     return 1.0 / (c.num_trajectories * c.traj_turns.to(dt) * c.turn_tokens.to(dt))
 
 
 @TOKEN_WEIGHT_MODES.register("turn_row_mean")
-def turn_row_mean_weights(c: TokenCounts, alpha: float, constant_k: float | None) -> torch.Tensor:
+def turn_row_mean_weights(c: TokenCounts, p: WeightParams) -> torch.Tensor:
     """w = 1 / (N_rows * n_it): each turn row its token mean, then the mean over the batch's rows, so
     every turn of the batch weighs the same and trajectory i weighs T_i / N_rows. TCOD's ALFWorld F2B
     (one row per turn, loss_agg_mode seq-mean-token-mean over the minibatch's rows)."""
@@ -77,34 +86,34 @@ def turn_row_mean_weights(c: TokenCounts, alpha: float, constant_k: float | None
 
 
 @TOKEN_WEIGHT_MODES.register("constant")
-def constant_weights(c: TokenCounts, alpha: float, constant_k: float | None) -> torch.Tensor:
+def constant_weights(c: TokenCounts, p: WeightParams) -> torch.Tensor:
     """w = 1 / (N_traj * k), k = loss.constant_k > 0 in turns (steps): the formula of AsyncWebRL's
     docs, 1/(G k) sum_i sum_j sum_t. Long trajectories are not down-weighted; the weights total
     N_tokens / (N_traj k), which moves with the batch's mean trajectory length. AsyncWebRL's code
     computes `constant_token_mean`."""
-    return torch.full_like(c.traj_tokens, 1.0 / (c.num_trajectories * constant_k), dtype=torch.get_default_dtype())
+    return torch.full_like(c.traj_tokens, 1.0 / (c.num_trajectories * p.constant_k), dtype=torch.get_default_dtype())
 
 
 @TOKEN_WEIGHT_MODES.register("constant_token_mean")
-def constant_token_mean_weights(c: TokenCounts, alpha: float, constant_k: float | None) -> torch.Tensor:
+def constant_token_mean_weights(c: TokenCounts, p: WeightParams) -> torch.Tensor:
     """w = 1 / (k * N_tokens), k = loss.constant_k > 0 in turns (steps): AsyncWebRL's code
     (webgym `_compute_step_level_advantages` divides each step's advantage by
     step_adv_const_length = k steps, `ppo_actor_loss_fn` takes the token mean over the minibatch with
     its global token count). OPD's per-token loss is already per token, so nothing per trajectory
     divides: token_mean scaled by 1/k, the weights total 1/k at every step."""
-    return torch.full_like(c.traj_tokens, 1.0 / (constant_k * c.num_tokens), dtype=torch.get_default_dtype())
+    return torch.full_like(c.traj_tokens, 1.0 / (p.constant_k * c.num_tokens), dtype=torch.get_default_dtype())
 
 
 @TOKEN_WEIGHT_MODES.register("progressive")
-def progressive_weights(c: TokenCounts, alpha: float, constant_k: float | None) -> torch.Tensor:
+def progressive_weights(c: TokenCounts, p: WeightParams) -> torch.Tensor:
     """TurnOPD: turn t of trajectory i gets (1 - a) * n_it / n_i + a / T_i, spread evenly over its
     n_it tokens, divided by N_traj:  w = ((1 - a) / n_i + a / (T_i * n_it)) / N_traj.
     a = 0 is `trajectory`, a = 1 is `turn`."""
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"progressive alpha must be in [0, 1], got {alpha}")
+    if not 0.0 <= p.alpha <= 1.0:
+        raise ValueError(f"progressive alpha must be in [0, 1], got {p.alpha}")
     dt = torch.get_default_dtype()
     n_i, n_it, t_i = c.traj_tokens.to(dt), c.turn_tokens.to(dt), c.traj_turns.to(dt)
-    return ((1.0 - alpha) / n_i + alpha / (t_i * n_it)) / c.num_trajectories
+    return ((1.0 - p.alpha) / n_i + p.alpha / (t_i * n_it)) / c.num_trajectories
 
 
 def token_counts(
@@ -160,7 +169,59 @@ def token_weights(
     In the normalized modes (all but `constant` and `constant_token_mean`) the weights sum to 1 over
     the global batch."""
     fn = TOKEN_WEIGHT_MODES.get(mode)
-    return fn(token_counts(traj_ids, turn_ids, num_trajectories, num_tokens, num_turn_rows), alpha, constant_k)
+    return fn(token_counts(traj_ids, turn_ids, num_trajectories, num_tokens, num_turn_rows),
+              WeightParams(alpha, constant_k))
+
+
+SumOverRanks = Callable[[list[float]], list[float]]
+
+
+def summed_here(values: list[float]) -> list[float]:
+    """The sums over ranks of a one-process batch: the values themselves."""
+    return values
+
+
+def reweight(weights: torch.Tensor, factors: torch.Tensor, total_before: float, total_after: float) -> torch.Tensor:
+    """w' = w g W / W' with the global sums W = sum w and W' = sum w g (w' = 0 when W' = 0: every
+    token was weighted out, and the step trains on nothing)."""
+    if total_after <= 0:
+        return torch.zeros_like(weights)
+    return weights * factors.to(weights) * (total_before / total_after)
+
+
+def rescaled(weights: torch.Tensor, factors: torch.Tensor, sum_over_ranks: SumOverRanks
+             ) -> tuple[torch.Tensor, float]:
+    """`reweight` with W and W' summed over the global batch (sum_over_ranks: every rank calls it), so
+    the factors g move weight between tokens and keep the total; and the share W' / W the factors
+    kept (0 when W is 0)."""
+    before, after = sum_over_ranks([float(weights.double().sum()), float((weights.double() * factors).sum())])
+    return reweight(weights, factors, before, after), after / before if before > 0 else 0.0
+
+
+def final_token_weights(traj_ids: torch.Tensor, turn_ids: torch.Tensor, mode: str, params: WeightParams,
+                        counts: tuple[int, int, int], familiarity: torch.Tensor | None = None,
+                        trajectory: torch.Tensor | None = None, sum_over_ranks: SumOverRanks = summed_here
+                        ) -> tuple[torch.Tensor, float | None]:
+    """The weight w_p of every action token p in the loss sum_p w_p l_p, and the share of the weight
+    the familiarity factors kept (None without them):
+
+        m_p  = the loss mode's weight (TOKEN_WEIGHT_MODES; counts = (N_traj, N_tokens, N_rows) of the
+               global batch, alpha and constant_k from `params`)
+        m'_p = m_p g_p sum(m) / sum(m g)      g_p: its turn's familiarity factor (familiarity_factors)
+        w_p  = m'_p f_p sum(m') / sum(m' f)   f_p: its trajectory's loss-weight factor (Trajectory.loss_weight)
+
+    Each factor, when given, moves weight between tokens and keeps the step's total (sums over all
+    ranks through `sum_over_ranks`, which every rank calls for each factor given, even with no token).
+    Shapes: traj_ids, turn_ids, familiarity, trajectory [n] (n may be 0); returns [n]."""
+    num_trajectories, num_tokens, num_turn_rows = counts
+    weights = (token_weights(traj_ids, turn_ids, mode, params.alpha, params.constant_k, num_trajectories, num_tokens,
+                             num_turn_rows) if traj_ids.numel() else torch.zeros(0))
+    kept = None
+    if familiarity is not None:
+        weights, kept = rescaled(weights, familiarity, sum_over_ranks)
+    if trajectory is not None:
+        weights = rescaled(weights, trajectory, sum_over_ranks)[0]
+    return weights, kept
 
 
 # --------------------------------------------------------------------------------------------
@@ -493,13 +554,14 @@ def is_deep_turn(turn_ids: torch.Tensor, traj_ids: torch.Tensor) -> torch.Tensor
 
 
 def deep_turn_share(weights: torch.Tensor, per_token_loss: torch.Tensor, turn_ids: torch.Tensor,
-                    traj_ids: torch.Tensor) -> float:
+                    traj_ids: torch.Tensor, sum_over_ranks: SumOverRanks = summed_here) -> float:
     """Share of the weighted loss on the deepest third of each trajectory's turns:
-    sum_deep |w l| / sum |w l| (absolute values, since k1 token losses can be negative).
-    Returns 0.0 when the total is 0."""
-    mass = (weights * per_token_loss).detach().abs()
-    total = float(mass.sum())
-    return float(mass[is_deep_turn(turn_ids, traj_ids)].sum()) / total if total > 0 else 0.0
+    sum_deep |w l| / sum |w l| (absolute values, since k1 token losses can be negative; sums over all
+    ranks through `sum_over_ranks`). Returns 0.0 when the total is 0. Shapes: all [n], n may be 0."""
+    mass = (weights.double() * per_token_loss.double()).detach().abs()
+    deep = is_deep_turn(turn_ids, traj_ids) if turn_ids.numel() else torch.zeros(0, dtype=torch.bool)
+    deep_mass, total = sum_over_ranks([float(mass[deep].sum()), float(mass.sum())])
+    return deep_mass / total if total > 0 else 0.0
 
 
 def per_trajectory_turn_means(per_token: torch.Tensor, traj_ids: torch.Tensor, turn_ids: torch.Tensor,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -58,18 +59,14 @@ class Trajectory:
     env_error: str = ""  # why the env, not the agent, ended this episode (a worker crash or hang, an env exception)
     goal: str = ""  # the task's goal text, as the env's reset gave it
     ended: bool = False  # the env ended the episode (won, lost or an env error); False: stopped while playing
-    final_observation: str = ""  # the env's answer to the last turn's action (world-model transitions)
-    # world-model rollouts (turnopd.rollout.world_model_pool): the model answered its steps; per model step the
-    # disagreement of its sampled answers; for a real episode the model's verdict P(won) (Online Debiasing)
-    # and the model steps that verdict took; the trajectory's loss-weight factor from its variance
-    # (Inverse-Variance Denoising; None: 1)
-    world_model: bool = False
-    world_model_disagreements: list[float] = field(default_factory=list)
-    predicted_success: float | None = None
-    verdict_steps: int = 0
-    world_model_weight: float | None = None
+    final_observation: str = ""  # the env's answer to the last turn's action (what the last turn led to)
+    # a factor on the loss weights of its tokens (an add-on's, e.g. a world model's denoising; None: 1)
+    loss_weight: float | None = None
     # the reward term's advantage of the episode's outcome (objective.reward_weight > 0; None: not computed)
     advantage: float | None = None
+    # what add-ons recorded of the episode, each under its own name and in its own typed record (the
+    # world model's: turnopd.rollout.world_model_pool.WorldModelTrace)
+    addons: dict[str, Any] = field(default_factory=dict)
     weight_version: int = 0  # policy weight version that generated it (async pipelines)
 
     @property
@@ -152,7 +149,7 @@ class TokenBatch:
     teacher_topk_logprobs: torch.Tensor | None = None  # [N, k] (-inf off the mask)
     # per familiarity signal, each action token's turn value (NaN off the mask and where not scored)
     turn_signals: dict[str, torch.Tensor] = field(default_factory=dict)
-    # [num_trajectories] loss-weight factor per trajectory (Trajectory.world_model_weight, 1 where it
+    # [num_trajectories] loss-weight factor per trajectory (Trajectory.loss_weight, 1 where it
     # has none); None: no trajectory carries one
     trajectory_weights: torch.Tensor | None = None
     # [num_trajectories] the reward term's advantage per trajectory (Trajectory.advantage, 0 where it has
@@ -193,8 +190,7 @@ def build_token_batch(trajectories: list[Trajectory]) -> TokenBatch:
         turns = {turn.index: turn for turn in traj.turns}
         for seq in trajectory_sequences(traj):
             image_keys.append(seq.image_keys)
-            offset = len(ids)
-            n = len(seq.ids)
+            offset, n = len(ids), len(seq.ids)
             ids.extend(seq.ids)
             mask.extend([False] * n)
             traj_ids.extend([traj_index] * n)
@@ -204,9 +200,7 @@ def build_token_batch(trajectories: list[Trajectory]) -> TokenBatch:
             for start, end, turn_index in seq.spans:
                 turn = turns[turn_index]
                 for j, p in enumerate(range(offset + start, offset + end)):
-                    mask[p] = True
-                    turn_ids[p] = turn_index
-                    old_lp[p] = turn.student_logprobs[j]
+                    mask[p], turn_ids[p], old_lp[p] = True, turn_index, turn.student_logprobs[j]
                     if turn.teacher_logprobs is not None:
                         teacher_lp[p] = turn.teacher_logprobs[j]
                     if turn.teacher_topk_ids is not None and turn.teacher_topk_logprobs is not None:
@@ -214,37 +208,48 @@ def build_token_batch(trajectories: list[Trajectory]) -> TokenBatch:
                     if turn.teacher_signals:
                         signal_rows.append((p, turn.teacher_signals))
             seq_lens.append(n)
-    topk_ids = topk_lp = None
-    if topk_rows:
-        k = max(len(row[1]) for row in topk_rows)
-        topk_ids = torch.zeros(len(ids), k, dtype=torch.long)
-        topk_lp = torch.full((len(ids), k), float("-inf"))
-        for p, row_ids, row_lp in topk_rows:
-            topk_ids[p, : len(row_ids)] = torch.tensor(row_ids, dtype=torch.long)
-            topk_lp[p, : len(row_lp)] = torch.tensor(row_lp, dtype=torch.float32)
-    turn_signals: dict[str, torch.Tensor] = {}
-    for p, signals in signal_rows:
-        for name, value in signals.items():
-            turn_signals.setdefault(name, torch.full((len(ids),), float("nan")))[p] = value
-    weighted = any(traj.world_model_weight is not None for traj in trajectories)
+    topk_ids, topk_lp = _topk_tensors(topk_rows, len(ids))
     return TokenBatch(
-        input_ids=torch.tensor(ids, dtype=torch.long),
-        loss_mask=torch.tensor(mask, dtype=torch.bool),
-        traj_ids=torch.tensor(traj_ids, dtype=torch.long),
-        turn_ids=torch.tensor(turn_ids, dtype=torch.long),
+        input_ids=torch.tensor(ids, dtype=torch.long), loss_mask=torch.tensor(mask, dtype=torch.bool),
+        traj_ids=torch.tensor(traj_ids, dtype=torch.long), turn_ids=torch.tensor(turn_ids, dtype=torch.long),
         old_logprobs=torch.tensor(old_lp, dtype=torch.float32),
         teacher_logprobs=torch.tensor(teacher_lp, dtype=torch.float32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.long),
-        num_trajectories=len(trajectories),
-        teacher_topk_ids=topk_ids,
-        teacher_topk_logprobs=topk_lp,
-        turn_signals=turn_signals,
-        trajectory_weights=torch.tensor([1.0 if t.world_model_weight is None else t.world_model_weight
-                                         for t in trajectories], dtype=torch.float64) if weighted else None,
-        advantages=torch.tensor([t.advantage or 0.0 for t in trajectories], dtype=torch.float64)
-        if any(t.advantage is not None for t in trajectories) else None,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.long), num_trajectories=len(trajectories),
+        teacher_topk_ids=topk_ids, teacher_topk_logprobs=topk_lp, turn_signals=_signal_tensors(signal_rows, len(ids)),
+        trajectory_weights=_per_trajectory([t.loss_weight for t in trajectories], 1.0),
+        advantages=_per_trajectory([t.advantage for t in trajectories], 0.0),
         image_keys=image_keys if any(image_keys) else [],
     )
+
+
+def _topk_tensors(rows: list[tuple[int, list[int], list[float]]], n: int
+                  ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """[n, k] top-k ids (0 elsewhere) and log-probs (-inf elsewhere) from (position, ids, log-probs) rows."""
+    if not rows:
+        return None, None
+    k = max(len(row[1]) for row in rows)
+    topk_ids = torch.zeros(n, k, dtype=torch.long)
+    topk_lp = torch.full((n, k), float("-inf"))
+    for p, row_ids, row_lp in rows:
+        topk_ids[p, : len(row_ids)] = torch.tensor(row_ids, dtype=torch.long)
+        topk_lp[p, : len(row_lp)] = torch.tensor(row_lp, dtype=torch.float32)
+    return topk_ids, topk_lp
+
+
+def _signal_tensors(rows: list[tuple[int, dict[str, float]]], n: int) -> dict[str, torch.Tensor]:
+    """Per signal name, [n] values at the rows' positions (NaN elsewhere)."""
+    out: dict[str, torch.Tensor] = {}
+    for p, signals in rows:
+        for name, value in signals.items():
+            out.setdefault(name, torch.full((n,), float("nan")))[p] = value
+    return out
+
+
+def _per_trajectory(values: list[float | None], default: float) -> torch.Tensor | None:
+    """[num_trajectories] float64 values (`default` for None); None when no trajectory has one."""
+    if all(v is None for v in values):
+        return None
+    return torch.tensor([default if v is None else v for v in values], dtype=torch.float64)
 
 
 @dataclass(frozen=True)
@@ -260,10 +265,8 @@ class EpisodeSummary:
     action_tokens: int
     env_error: str
     scored_tokens: int = 0  # tokens the teacher runs through to score it (trajectory_sequences)
-    world_model: bool = False  # a world model answered its steps
-    predicted_success: float | None = None  # a real episode's world-model verdict (Online Debiasing)
-    verdict_steps: int = 0  # the world-model steps that verdict took
     is_probe: bool = False  # a full-depth probe for the depth controller
+    addons: dict[str, Any] = field(default_factory=dict)  # Trajectory.addons
 
     @property
     def failed_by_env(self) -> bool:
@@ -273,9 +276,7 @@ class EpisodeSummary:
     def of(cls, traj: Trajectory) -> EpisodeSummary:
         return cls(traj.task_id, traj.task_type, traj.success, traj.depth, traj.truncated,
                    traj.invalid_actions, traj.num_action_tokens, traj.env_error,
-                   sum(len(seq.ids) for seq in trajectory_sequences(traj, "teacher")), traj.world_model,
-                   traj.predicted_success,
-                   traj.verdict_steps, traj.is_probe)
+                   sum(len(seq.ids) for seq in trajectory_sequences(traj, "teacher")), traj.is_probe, dict(traj.addons))
 
 
 MAX_ERRORS_SHOWN = 2  # an error message names its game, so one cause can read as many messages

@@ -51,6 +51,7 @@ from turnopd.orchestration.startup import build_missing_models, seed_everything
 from turnopd.rollout import Policy, make_policy
 from turnopd.rollout.engine import rollout
 from turnopd.rollout.eval import eval_sampling
+from turnopd.rollout.takeover import Takeover
 
 AUDIT_SALT = 7_777  # the audit's task draw, apart from any run's
 
@@ -144,14 +145,14 @@ def run_audit(cfg: RunConfig, *, student: str | None = None, episodes: int = 16,
                   f"{statistics.fmean(t.depth for t in trajectories):.1f} ({time.perf_counter() - clock:.0f} s); the "
                   f"student, then the teacher ({spec.name}), take over from {len(states)} of them, greedily",
                   flush=True)
-            student_takeovers = rollout(setup.spec, pool, policy, state_tasks, env_config=cfg.env, sampling=greedy,
-                                        replays=replays)
+            student_takeovers = rollout(setup.spec, Takeover(pool, replays), policy, state_tasks, env_config=cfg.env,
+                                        sampling=greedy)
         finally:
             policy.close()
         takeover_policy = teacher_policy(cfg, spec)
         try:
-            takeovers = rollout(setup.spec, pool, takeover_policy, state_tasks, env_config=cfg.env, sampling=greedy,
-                                replays=replays)
+            takeovers = rollout(setup.spec, Takeover(pool, replays), takeover_policy, state_tasks, env_config=cfg.env,
+                                sampling=greedy)
         finally:
             takeover_policy.close()
     records, diverged = state_records(trajectories, states, takeovers, student_takeovers, band_width)

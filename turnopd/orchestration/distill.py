@@ -30,12 +30,11 @@ from turnopd.core.distributed import gather_objects
 from turnopd.core.interrupt import RunStopped, StopSignals
 from turnopd.core.progress import StepProgress, print_summary
 from turnopd.core.types import EpisodeSummary, Trajectory, build_token_batch, describe_env_errors, env_errors
+from turnopd.orchestration.addons import Addons, open_addons
 from turnopd.orchestration.evaluation import evaluate_at_start, evaluate_on_schedule
 from turnopd.orchestration.pipeline import BatchPlan, open_rollouts, plan_batch
-from turnopd.orchestration.run_log import screenshot_fields, step_record
+from turnopd.orchestration.run_log import step_record
 from turnopd.orchestration.startup import DistillRun, open_run, save_checkpoint
-from turnopd.rollout.judge import open_judge
-from turnopd.rollout.world_model_pool import open_world_model
 
 
 class EnvFailed(RuntimeError):
@@ -49,13 +48,12 @@ def train(run: DistillRun, stop: StopSignals) -> dict[str, Any]:
     stop at a step boundary when a stop signal came (turnopd.core.interrupt)."""
     cfg, setup, ledger, log, trainer, depth = run.cfg, run.setup, run.ledger, run.log, run.trainer, run.depth
     summary: dict[str, Any] = {"run_dir": str(run.run_dir), "start_step": run.start_step, "teacher_eval": None}
-    with (EnvPool.for_config(setup.spec, cfg.env) as pool, open_world_model(cfg, setup.spec, pool) as world,
+    with (EnvPool.for_config(setup.spec, cfg.env) as pool, open_addons(run, pool) as addons,
           open_rollouts(cfg, setup, trainer=trainer, policy=run.policy, pool=pool, teachers=run.teachers,
-                        depth=depth, ledger=ledger, start_step=run.start_step, world=world,
-                        judge=open_judge(cfg, setup.spec, run.teachers, world, run.run_dir, run.start_step))
-          as rollouts):
+                        depth=depth, ledger=ledger, start_step=run.start_step, addons=addons) as rollouts):
         if run.start_step == 0:
-            summary.update(stop.abortable(partial(evaluate_at_start, cfg, setup, pool, run.policy, log, run.screens), {}))
+            summary.update(stop.abortable(partial(evaluate_at_start, cfg, setup, pool, run.policy, log), {}))
+            addons.between_steps()
             stop_if_asked(run, stop, run.start_step, checkpointed=True)
         progress = StepProgress(cfg.trainer.steps, run.start_step, enabled=log.is_main)
         for step in range(run.start_step, cfg.trainer.steps):
@@ -71,8 +69,8 @@ def train(run: DistillRun, stop: StopSignals) -> dict[str, Any]:
             alpha = step_alpha(cfg, step)
             with ledger.phase("train"):
                 result = trainer.step(build_token_batch(trajectories), alpha)  # raises TrainingDiverged
-            # a batch dropped for a lost screenshot trained nothing: its probes measured no KL
-            updated = not result.get("dropped") and update_depth(depth, plan, trajectories, result["turn_kl"])
+            # a dropped batch (an image of it lost) trained nothing: its probes measured no KL
+            updated = not result.dropped and update_depth(depth, plan, trajectories, result.turn_kl)
             with ledger.phase("weight_sync"), trainer.gathered_parameters() as student_weights:
                 run.policy.update_weights(student_weights)
                 rollouts.publish(student_weights, version=step + 1)
@@ -80,13 +78,11 @@ def train(run: DistillRun, stop: StopSignals) -> dict[str, Any]:
             done = step + 1
             record = step_record(done, ledger, ledger.end_step(), depth, plan, updated, alpha, result, episodes,
                                  rollouts.stats(), rollouts.take_replica_stats())
-            record = dataclasses.replace(record, **outcome_fields)
-            if run.screens is not None:
-                record = dataclasses.replace(record, screenshots=screenshot_fields(run.screens, trajectories, result))
+            record = dataclasses.replace(record, **outcome_fields, **addons.record_fields(trajectories, result))
             log.train(record)
             progress.update(record)
             run.spent.add(record)
-            summary.update(end_step(run, stop, pool, done))  # evaluation and checkpoint, off the clock
+            summary.update(end_step(run, stop, pool, addons, done))  # evaluation and checkpoint, off the clock
         progress.close()
 
     summary.update(train_time_s=ledger.train_time(), wall_time_s=ledger.wall_time(), phases=dict(ledger.totals),
@@ -97,7 +93,7 @@ def train(run: DistillRun, stop: StopSignals) -> dict[str, Any]:
     return summary
 
 
-def end_step(run: DistillRun, stop: StopSignals, pool: EnvPool, done: int) -> dict[str, Any]:
+def end_step(run: DistillRun, stop: StopSignals, pool: EnvPool, addons: Addons, done: int) -> dict[str, Any]:
     """After step `done`'s record: evaluate and checkpoint on schedule and after the last step (all
     steps, or trainer.budget reached: said in the record), then stop if a signal asked."""
     cfg, budget = run.cfg, run.cfg.trainer.budget
@@ -110,8 +106,7 @@ def end_step(run: DistillRun, stop: StopSignals, pool: EnvPool, done: int) -> di
         with run.ledger.phase("checkpoint"):
             save_checkpoint(run, done)
     run.ledger.end_step()  # eval and checkpoint time are in the record's clocks, not its phases
-    if run.screens is not None:  # the step's screenshots are trained on and evaluated: no trajectory holds them
-        run.screens.free_all()
+    addons.between_steps()
     stop_if_asked(run, stop, done, checkpointed)
     return results
 

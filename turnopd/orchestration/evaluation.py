@@ -16,7 +16,6 @@ from turnopd.config import RunConfig
 from turnopd.core.distributed import gather_objects, rank_and_world
 from turnopd.core.types import EpisodeSummary, env_errors
 from turnopd.engines.hf_models import load_model
-from turnopd.engines.screens import ScreenPixels
 from turnopd.orchestration.preflight import Setup
 from turnopd.orchestration.run_log import RunLog
 from turnopd.rollout import Policy, make_policy
@@ -40,10 +39,8 @@ def run_eval(cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Policy, step: 
                       sum(e.depth for e in episodes) / len(episodes), env_errors(episodes), per_task)
 
 
-def evaluate_at_start(cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Policy, log: RunLog,
-                      screens: ScreenPixels | None = None) -> dict[str, Any]:
-    """Step 0 of a new run: the teacher (eval.teacher) and the student before training (eval.at_start);
-    their screenshots (an env that shows them) freed after."""
+def evaluate_at_start(cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Policy, log: RunLog) -> dict[str, Any]:
+    """Step 0 of a new run: the teacher (eval.teacher) and the student before training (eval.at_start)."""
     results: dict[str, Any] = {}
     if cfg.eval.teacher:
         results["teacher_eval"] = log.evaluate("teacher_eval", 0, lambda: evaluate_teacher(
@@ -51,8 +48,6 @@ def evaluate_at_start(cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Polic
     if cfg.eval.at_start:
         results["eval_before"] = log.evaluate("eval", 0, lambda: run_eval(cfg, setup, pool, policy, 0))
     log.ledger.end_step()  # their time is not step 1's
-    if screens is not None:
-        screens.free_all()
     return results
 
 

@@ -400,7 +400,7 @@ def play_arm(cfg: RunConfig, spec: EnvSpec, pool: Any, policy: Any, tasks: list[
     memory per seed) and its clock: wall, busy times, judge calls and counts."""
     from turnopd.core.ledger import Ledger
     from turnopd.rollout.base import SamplingParams
-    from turnopd.rollout.engine import rollout
+    from turnopd.rollout.engine import POLICY_SAMPLE, rollout
     from turnopd.rollout.judge import Judge, JudgeStats, OutcomeMemory
 
     by, memory = PLAY_ARMS[arm]
@@ -414,7 +414,8 @@ def play_arm(cfg: RunConfig, spec: EnvSpec, pool: Any, policy: Any, tasks: list[
         sampling = SamplingParams(temperature=cfg.policy.temperature, top_p=cfg.policy.top_p,
                                   max_new_tokens=cfg.policy.max_new_tokens, stop=tuple(cfg.policy.stop),
                                   seed=cfg.seed + 1000 * seed)
-        for t in rollout(spec, pool, policy, tasks, env_config=cfg.env, sampling=sampling, ledger=ledger, judge=judge):
+        for t in rollout(spec, pool, policy, tasks, env_config=cfg.env, sampling=sampling, ledger=ledger,
+                         actions=judge or POLICY_SAMPLE):
             played.append(episode_of(spec, t, seed))
             advance()
         if judge is not None:

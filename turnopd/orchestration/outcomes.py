@@ -7,7 +7,7 @@ advantages (objective.reward_weight > 0), in WMRL's order (xiyuanyang45/WMRL, wm
 2. each anchor group (a group of one task whose episodes all played the real env) folds its
    calibrated verdicts against its real outcomes into the anchor weight;
 3. every model episode's score (1 won, 0 not) goes through the map;
-4. the anchor weight goes to the anchor groups' trajectories (Trajectory.world_model_weight; the
+4. the anchor weight goes to the anchor groups' trajectories (Trajectory.loss_weight; the
    trainer keeps the step's total weight), the group-normalised advantage of the scores to every
    trajectory (Trajectory.advantage).
 
@@ -26,6 +26,7 @@ from turnopd.algorithm.world_model_corrections import InverseVarianceWeighter, O
 from turnopd.config import RunConfig
 from turnopd.core.distributed import gather_objects, rank_and_world
 from turnopd.core.types import EpisodeSummary, Trajectory
+from turnopd.rollout.world_model_pool import trace_of
 
 
 class Outcomes:
@@ -50,23 +51,24 @@ class Outcomes:
             return {}
         scores = [float(e.success) for e in episodes]
         graded = [not e.env_error for e in episodes]
-        judged = [i for i, e in enumerate(episodes) if graded[i] and not e.world_model and e.predicted_success is not None]
+        traces = [trace_of(e) for e in episodes]
+        judged = [i for i, t in enumerate(traces) if graded[i] and not t.played and t.predicted_success is not None]
         calibrate = self.debiaser.apply if self.debiaser is not None else lambda xs: [float(x) for x in xs]
         if self.debiaser is not None:
             for i in judged:
-                self.debiaser.push(episodes[i].predicted_success, scores[i])
+                self.debiaser.push(traces[i].predicted_success, scores[i])
         groups: dict[str, list[int]] = {}
         for i, e in enumerate(episodes):
             groups.setdefault(e.task_id, []).append(i)
-        anchors = [members for members in groups.values() if not any(episodes[i].world_model for i in members)]
+        anchors = [members for members in groups.values() if not any(traces[i].played for i in members)]
         if self.weighter is not None:
             judged_set = set(judged)
             for members in anchors:
                 pairs = [i for i in members if i in judged_set]
                 if pairs:
-                    self.weighter.observe_group(calibrate([episodes[i].predicted_success for i in pairs]),
+                    self.weighter.observe_group(calibrate([traces[i].predicted_success for i in pairs]),
                                                 [scores[i] for i in pairs])
-        model = [i for i, e in enumerate(episodes) if e.world_model and graded[i]]
+        model = [i for i, t in enumerate(traces) if t.played and graded[i]]
         for i, score in zip(model, calibrate([scores[i] for i in model]), strict=True):
             scores[i] = score
 
@@ -77,7 +79,7 @@ class Outcomes:
             anchored = {i for members in anchors for i in members}
             weight = self.weighter.weight()
             for trajectory, i in zip(trajectories, mine, strict=True):
-                trajectory.world_model_weight = weight if i in anchored else 1.0
+                trajectory.loss_weight = weight if i in anchored else 1.0
         if self.reward_weight > 0:
             index = {task: g for g, task in enumerate(groups)}
             advantages = self.advantage(torch.tensor(scores, dtype=torch.float64),

@@ -27,6 +27,8 @@ from turnopd.models import weights_fingerprint
 from turnopd.orchestration.pipeline import BatchPlan, PipelineStats
 from turnopd.orchestration.preflight import Setup
 from turnopd.rollout.eval import EvalResult
+from turnopd.rollout.world_model_pool import trace_of
+from turnopd.trainer.trainer import StepResult
 
 
 class RunLog:
@@ -114,28 +116,29 @@ def model_builds(setup: Setup) -> dict[str, dict[str, Any]]:
 
 
 def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: DepthSchedule, plan: BatchPlan,
-                updated: bool, alpha: float, train: dict[str, Any], episodes: list[EpisodeSummary],
+                updated: bool, alpha: float, train: StepResult, episodes: list[EpisodeSummary],
                 pipeline: PipelineStats, teacher_replicas: dict[str, Any]) -> StepRecord:
     """One optimizer step's record. The work measures beside the clock: tokens generated, scored by
     the teacher and trained, env steps."""
     diagnostics = depth.diagnostics() if updated else {}
     turns = sum(e.depth for e in episodes)
-    world_model = any(e.world_model or e.predicted_success is not None for e in episodes)
+    traces = [trace_of(e) for e in episodes]
+    world_model = any(t.played or t.predicted_success is not None for t in traces)
     return StepRecord(
         step=step, train_time_s=ledger.train_time(), wall_time_s=ledger.wall_time(),
         step_time_s=ledger.last_step_time_s, phases=phases, busy=ledger.last_busy,
-        generator_phases=ledger.last_generator_phases, train_parts=train["train_parts"],
+        generator_phases=ledger.last_generator_phases, train_parts=train.train_parts,
         pipeline=dataclasses.asdict(pipeline),
         rollout_depth_cap=plan.cap, probed=plan.probe, probes=plan.probes, h_eff=diagnostics.get("h_eff"),
         h_cov=diagnostics.get("h_cov"), h_cov_measured=diagnostics.get("h_cov_measured"), alpha=alpha,
-        loss=train["loss"], grad_norm=train.get("grad_norm"), lr=train.get("lr"), mean_kl=train["mean_kl"],
-        turn_kl_profile=turn_kl_profile(train["turn_kl"]), deep_turn_share=train["deep_turn_share"],
-        skipped=train["skipped"], optimizer_updates=train["optimizer_updates"],
-        turn_signal_profiles={name: turn_kl_profile(turns) for name, turns in train["turn_signals"].items()},
-        familiarity_kept_share=train["familiarity_kept_share"],
+        loss=train.loss, grad_norm=train.grad_norm, lr=train.lr, mean_kl=train.mean_kl,
+        turn_kl_profile=turn_kl_profile(train.turn_kl), deep_turn_share=train.deep_turn_share,
+        skipped=train.skipped, optimizer_updates=train.optimizer_updates,
+        turn_signal_profiles={name: turn_kl_profile(turns) for name, turns in train.turn_signals.items()},
+        familiarity_kept_share=train.familiarity_kept_share,
         tokens_generated=sum(e.action_tokens for e in episodes), tokens_scored=sum(e.scored_tokens for e in episodes),
-        tokens_trained=train["tokens_trained"],
-        env_steps=sum(e.depth for e in episodes if not e.world_model),  # a world model's are not the env's
+        tokens_trained=train.tokens_trained,
+        env_steps=sum(e.depth for e, t in zip(episodes, traces, strict=True) if not t.played),  # not a world model's
         episodes=len(episodes), mean_turns=turns / len(episodes),
         success_rate=sum(e.success for e in episodes) / len(episodes),
         truncated_rate=sum(e.truncated for e in episodes) / len(episodes),
@@ -144,7 +147,7 @@ def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: Dept
         teacher_replicas=teacher_replicas, **(world_model_fields(episodes) if world_model else {}))
 
 
-def screenshot_fields(screens: ScreenPixels, trajectories: list[Trajectory], train: dict[str, Any]) -> dict[str, Any]:
+def screenshot_fields(screens: ScreenPixels, trajectories: list[Trajectory], train: StepResult) -> dict[str, Any]:
     """The step's StepRecord.screenshots (this rank's): what its prompts' screenshot keys stood for and
     what was fetched for them, before the store is freed."""
     keys = [key for traj in trajectories for turn in traj.turns for key in turn.image_keys]
@@ -154,7 +157,7 @@ def screenshot_fields(screens: ScreenPixels, trajectories: list[Trajectory], tra
     return {"keys": len(keys), "stored": len(set(keys)), "key_bytes": len(keys) * KEY_CHARS,
             "screen_bytes": round(len(keys) * per_screen), "pixel_value_bytes": round(len(keys) * per_pixel_values),
             "fetched_images": counts.images, "store_bytes": screens.store.stats()["bytes"],
-            "dropped": bool(train.get("dropped")), "missing": train.get("missing_screenshots", 0)}
+            "dropped": train.dropped, "missing": train.missing_images}
 
 
 def world_model_fields(episodes: list[EpisodeSummary]) -> dict[str, Any]:
@@ -164,17 +167,18 @@ def world_model_fields(episodes: list[EpisodeSummary]) -> dict[str, Any]:
     ones (Online Debiasing: the model's verdict on each real episode against its outcome);
     world_model_verdict_steps the model steps those verdicts took (a replay's are an episode's),
     world_model_no_verdict the real episodes left out of the bias (the model gave no usable answer)."""
-    played = [e for e in episodes if not e.env_error]
-    model = [float(e.success) for e in played if e.world_model]
-    real = [e for e in played if not e.world_model and e.predicted_success is not None]
-    fields: dict[str, Any] = {"world_model_episodes": sum(e.world_model for e in episodes),
-                              "world_model_steps": sum(e.depth for e in episodes if e.world_model),
-                              "world_model_verdict_steps": sum(e.verdict_steps for e in episodes),
-                              "world_model_no_verdict": sum(not e.world_model and e.predicted_success is None
-                                                            for e in played),
-                              "success_rate_real": sum(e.success for e in real) / len(real) if real else None}
+    played = [(e, trace_of(e)) for e in episodes if not e.env_error]
+    model = [float(e.success) for e, t in played if t.played]
+    real = [(e, t) for e, t in played if not t.played and t.predicted_success is not None]
+    traces = [trace_of(e) for e in episodes]
+    fields: dict[str, Any] = {"world_model_episodes": sum(t.played for t in traces),
+                              "world_model_steps": sum(e.depth for e, t in zip(episodes, traces, strict=True) if t.played),
+                              "world_model_verdict_steps": sum(t.verdict_steps for t in traces),
+                              "world_model_no_verdict": sum(not t.played and t.predicted_success is None
+                                                            for _, t in played),
+                              "success_rate_real": sum(e.success for e, _ in real) / len(real) if real else None}
     if real:
-        debiased = debiased_mean(model, [float(e.success) for e in real], [e.predicted_success for e in real])
+        debiased = debiased_mean(model, [float(e.success) for e, _ in real], [t.predicted_success for _, t in real])
         fields.update(success_rate_debiased=debiased.estimate, success_rate_debiased_stderr=debiased.stderr,
                       world_model_bias=debiased.bias)
     return fields

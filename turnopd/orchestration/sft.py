@@ -73,8 +73,9 @@ from turnopd.models import MODEL_PREPARERS, building, prepare_model
 from turnopd.orchestration.preflight import train_and_eval_tasks
 from turnopd.orchestration.recipe import validate_recipe
 from turnopd.rollout import SamplingParams, make_policy
-from turnopd.rollout.engine import rollout, student_prompt
+from turnopd.rollout.engine import rollout
 from turnopd.rollout.eval import EvalResult, evaluate
+from turnopd.rollout.render import student_prompt
 
 RELABEL_SALT = 5_555  # the relabelled student's task draw, apart from the demonstrations'
 
@@ -258,7 +259,7 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None) -> SFTResult:
     torch.manual_seed(cfg.seed)
     trainer = Trainer(model, cfg.trainer, ObjectiveConfig(estimator="nll"), LossConfig(mode="token_mean"),
                       total_steps=cfg.trainer.steps)
-    attach_screens(spec, model_dir, trainer)
+    trainer.images = attach_screens(spec, model_dir)  # a vision-language student trains on the pixels
     losses = train_examples(trainer, examples, cfg)
 
     output = Path(cfg.output_dir).expanduser()
@@ -437,11 +438,11 @@ def train_examples(trainer: Any, examples: list[SFTExample], cfg: Any, label: st
             start = time.perf_counter()
             metrics = trainer.step(batch, alpha=0.0)
             seconds = time.perf_counter() - start
-            out.append((float(metrics["loss"]), seconds))
-            progress.update(bar, advance=1, loss=f"{metrics['loss']:.3f}", tps=f"{batch.num_tokens / seconds:.0f}")
+            out.append((float(metrics.loss), seconds))
+            progress.update(bar, advance=1, loss=f"{metrics.loss:.3f}", tps=f"{batch.num_tokens / seconds:.0f}")
             if not progress.console.is_terminal and len(out) % log_every == 0:  # a log file gets lines
                 elapsed = sum(t for _, t in out)
-                progress.console.print(f"{label} step {len(out)}/{cfg.trainer.steps}: loss {metrics['loss']:.3f}, "
+                progress.console.print(f"{label} step {len(out)}/{cfg.trainer.steps}: loss {metrics.loss:.3f}, "
                                        f"{elapsed:.0f} s, ETA {elapsed / len(out) * (cfg.trainer.steps - len(out)):.0f} s")
     return out
 

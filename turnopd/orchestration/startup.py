@@ -118,9 +118,7 @@ def load_models(cfg: RunConfig, setup: Setup) -> tuple[Trainer, Any, Policy, dic
     in_process = ESTIMATORS.get(cfg.objective.estimator).needs_teacher_model
     trainer = Trainer(student, cfg.trainer, cfg.objective, cfg.loss, cfg.trainer.steps,
                       teacher_model=teachers[cfg.env.name].model if in_process else None,
-                      familiarity_cfg=cfg.familiarity,
-                      world_model_weights=cfg.world_model.path is not None and (
-                          cfg.world_model.samples >= 2 or cfg.world_model.denoise == "anchor_weight"))
+                      familiarity_cfg=cfg.familiarity)
     policy = make_policy(cfg.policy, trainer.module, tokenizer=tokenizer, seed=cfg.seed)
     return trainer, tokenizer, policy, teachers
 
@@ -148,7 +146,8 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> DistillRun:
     seed_everything(cfg.seed)  # after the builds, which draw random numbers of their own
     trainer, tokenizer, policy, teachers = load_models(cfg, setup)
     run_pixel_store(cfg, setup.spec, run_dir)
-    screens = attach_screens(setup.spec, setup.student_path, trainer, policy)
+    screens = attach_screens(setup.spec, setup.student_path, policy)
+    trainer.images = screens  # a student that reads screenshots trains on their pixels
     for teacher in (t for t in teachers.values() if getattr(t, "reads_screenshots", False)):
         attach_screens(setup.spec, teacher.model_dir, teacher)  # a VLM teacher: its own processor
     depth = make_depth_schedule(cfg.depth, horizon=cfg.env.max_turns)

@@ -76,7 +76,8 @@ from turnopd.orchestration.recipe import validate_recipe
 from turnopd.orchestration.sft import SFTExample, ensure_model, save_model, train_examples
 from turnopd.rollout import SamplingParams, make_policy
 from turnopd.rollout.base import generate_all, request_seed
-from turnopd.rollout.engine import chat_prompt_ids, rollout
+from turnopd.rollout.engine import rollout
+from turnopd.rollout.render import chat_prompt_ids
 from turnopd.rollout.world_model_pool import ANSWERER_KIND, Verdict, WorldModelPool, listed
 
 WORLD_MODEL_FORMAT = 1  # the prompt/answer text of envs.transitions

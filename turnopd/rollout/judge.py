@@ -37,7 +37,9 @@ from turnopd.algorithm.judge import JUDGES, Attempt, Decision, Tournament, memor
 from turnopd.core.distributed import gather_objects, rank_and_world
 from turnopd.core.types import Trajectory
 from turnopd.rollout.base import Generation, Policy, SamplingParams, request_seed
-from turnopd.rollout.engine import chat_prompt_ids
+from turnopd.rollout.engine import POLICY_SAMPLE, Busy, TurnState
+from turnopd.rollout.render import RenderedPrompt, chat_prompt_ids
+from turnopd.rollout.world_model_pool import trace_of
 
 MEMORY_FILE = "judge_memory.jsonl"
 CANDIDATE_STREAM = 1  # the 4th key of a candidate's sampling stream (candidate 0 keeps the turn's own stream)
@@ -224,8 +226,20 @@ class Judge:
     def commit(self, trajectories: Sequence[Trajectory]) -> None:
         """After a step: its real episodes' attempts, every rank's, join every rank's memory (simulated
         ones are the model's); rank 0 writes them."""
-        local = [a for t in trajectories if not t.world_model for a in trajectory_attempts(self.spec, t, self.step)]
+        local = [a for t in trajectories if not trace_of(t).played for a in trajectory_attempts(self.spec, t, self.step)]
         self.outcomes.commit([a for part in gather_objects(local) for a in part])
+
+    async def act(self, policy: Policy, prompt: RenderedPrompt, sampling: SamplingParams, state: TurnState,
+                  busy: Busy) -> Generation:
+        """The agent loop's action source (turnopd.rollout.engine.ActionSource): the turn's own sample,
+        then in a real episode the judge's pick among k candidates (a world model's step costs no real
+        run to save)."""
+        first = await POLICY_SAMPLE.act(policy, prompt, sampling, state, busy)
+        if state.reset_info.get("world_model"):  # WorldModelPool's reset marks the episodes it plays
+            return first
+        return await self.select(policy, prompt.ids, sampling, first, busy, Decision(
+            state.task_id, state.episode, state.goal, state.first_observation, state.history, state.observation,
+            (self.step, state.turn)))
 
     async def select(self, policy: Policy, prompt: list[int], sampling: SamplingParams, first: Generation,
                      busy: Callable[[str], AbstractContextManager[Any]], decision: Decision) -> Generation:

@@ -3,14 +3,15 @@ a language model that samples its answers, or a WorldAnswerer its env computes t
 (autoresearch's job model, envs.autoresearch.job_model); `load_world_model` opens either.
 
 `WorldModelPool` has the env pool's episode interface (`reset_slot`, `step_slot`, `end`), so the
-rollout engine plays an episode in it as in the real env (`rollout(..., world=..., simulated=...)`
-names the episodes that do). A reset is the real env's: the first observation (in ALFWorld the room
+rollout engine plays an episode in it as in the real env; `WorldModelPool.runner` is the episode
+runner (`rollout(..., run_episode=...)`) that plays the episodes it is told to in the model and has
+the model judge the others. What the model did in an episode is the episode's WorldModelTrace
+(`trace_of`). A reset is the real env's: the first observation (in ALFWorld the room
 and its receptacles) is the task's, not something to invent, and a costly env's reset is paid once
 per task, then cached. Each step renders envs.transitions' prompt from the episode so far and
 samples `samples` answers (status line and observation) from the world model; the first is played,
-and their disagreement d = 1 - (count of the modal answer) / K goes into the outcome's info
-("world_model_disagreement"), from which the loop weights the trajectory (Inverse-Variance
-Denoising, turnopd.algorithm.world_model_corrections). An answer without a status line ends the episode as
+and their disagreement d = 1 - (count of the modal answer) / K goes into the episode's trace, from
+which the trajectory is weighted (Inverse-Variance Denoising, turnopd.algorithm.world_model_corrections). An answer without a status line ends the episode as
 failed-by-env ("the world model answered without a status line"), and so does one whose
 observation the env's prompt template refuses (ALFWorld's notebook template needs its notebook
 line), or whose prompt and answer would not fit the model's context.
@@ -44,9 +45,10 @@ from envs.pool import env_error
 from envs.transitions import parse_world_answer, world_prompt
 from turnopd.algorithm.world_model_corrections import sample_disagreement
 from turnopd.config import PolicyConfig
-from turnopd.core.types import Trajectory
+from turnopd.core.types import EpisodeSummary, Trajectory
 from turnopd.rollout.base import Policy, SamplingParams, make_policy, request_seed
-from turnopd.rollout.engine import chat_prompt_ids
+from turnopd.rollout.engine import Busy, EpisodeRunner
+from turnopd.rollout.render import chat_prompt_ids
 
 WORLD_MODEL_META = "world_model.json"
 ANSWERER_KIND = "answerer"  # world_model.json "kind" of a model an env computes answers with (EnvSpec.world_answerer)
@@ -69,6 +71,29 @@ def load_world_model_meta(path: str | Path, env_name: str) -> dict[str, Any]:
     if meta.get("env") != env_name:
         raise ValueError(f"the world model in {path} models env {meta.get('env')!r}, not env.name={env_name!r}")
     return meta
+
+
+WORLD_MODEL = "world_model"  # this add-on's key in Trajectory.addons and EpisodeSummary.addons
+
+
+@dataclass
+class WorldModelTrace:
+    """What the world model did in an episode: it answered its steps (`played`; per model step the
+    disagreement of its sampled answers), or, for a real episode, its verdict P(won) (Online
+    Debiasing; None: no usable answer) and the model steps that verdict took."""
+
+    played: bool = False
+    disagreements: list[float] = field(default_factory=list)
+    predicted_success: float | None = None
+    verdict_steps: int = 0
+
+
+NO_TRACE = WorldModelTrace()
+
+
+def trace_of(episode: Trajectory | EpisodeSummary) -> WorldModelTrace:
+    """The episode's world-model trace (an empty one when the model took no part in it)."""
+    return episode.addons.get(WORLD_MODEL, NO_TRACE)
 
 
 @dataclass
@@ -101,6 +126,7 @@ class WorldModelPool:
                                        seed=seed)
         self._resets: dict[str, StepOutcome] = {}  # task id -> its real reset
         self._episodes: dict[int, _Episode] = {}
+        self._traces: dict[int, WorldModelTrace] = {}  # per slot: its model episode's, since its reset
         self._batch = 0  # the batch being played (start_batch): the first key of every sampling stream
         self._reset_counts: dict[int, int] = {}  # per slot: its episodes in this batch (the second key)
         self.model_steps = 0  # steps the world model answered, over the pool's life
@@ -124,6 +150,7 @@ class WorldModelPool:
         self._reset_counts[slot] = self._reset_counts.get(slot, 0) + 1
         self._episodes[slot] = _Episode(outcome.info.get("task", ""), outcome.observation, outcome.observation,
                                         resets=self._reset_counts[slot])
+        self._traces[slot] = WorldModelTrace(played=True)
         return replace(outcome, info={**outcome.info, "world_model": True})
 
     async def step_slot(self, slot: int, action: str) -> StepOutcome:
@@ -155,12 +182,50 @@ class WorldModelPool:
         done = status != "continue"
         if done:
             self._episodes.pop(slot)
-        return StepOutcome(observation, reward=float(status == "won"), done=done, won=status == "won",
-                           info={"world_model_disagreement": disagreement(parsed)})
+        self._traces[slot].disagreements.append(disagreement(parsed))
+        return StepOutcome(observation, reward=float(status == "won"), done=done, won=status == "won")
 
     def end(self, slots: list[int]) -> None:
         for slot in slots:
             self._episodes.pop(slot, None)
+
+    def runner(self, real: Any, simulated: Sequence[bool], busy: Busy = lambda _: nullcontext()) -> EpisodeRunner:
+        """The episode runner of a batch: episode i plays in this model when simulated[i]; each other
+        one (every one for an empty `simulated`) plays the real pool `real` and gets the model's verdict on it (by self.verdict: the model's
+        answer to its last transition, its replay in the model alongside it, or the ending of a twin
+        episode of its task played in the model beside it, not trained on)."""
+
+        async def run(i: int, episode: Callable[[Any], Awaitable[Trajectory]]) -> Trajectory:
+            if simulated and simulated[i]:
+                trajectory = await episode(self)
+                trace = self.take_trace(i)  # None: the real reset failed, the model never played
+                if trace is not None:
+                    trajectory.addons[WORLD_MODEL] = trace
+                return trajectory
+            # "twin": the same task in the model, played beside it with its sampling streams (a closed loop)
+            shadow = self.shadow(real, slot=i, busy=busy, twin=lambda: episode(self)) \
+                if self.verdict != "last_turn" else None
+            try:
+                trajectory = await episode(shadow or real)
+                if not trajectory.env_error:
+                    if shadow is None:
+                        with busy(self.ledger_resource):
+                            verdict = await self.predict_success(trajectory, slot=i)
+                    else:  # its model steps are in the world model's busy time already
+                        verdict = await shadow.verdict()
+                    trajectory.addons[WORLD_MODEL] = WorldModelTrace(predicted_success=verdict.success,
+                                                                     verdict_steps=verdict.steps)
+            finally:
+                if shadow is not None:
+                    shadow.cancel()  # a no-op once its verdict is in
+                self.take_trace(i)  # a twin's
+            return trajectory
+
+        return run
+
+    def take_trace(self, slot: int) -> WorldModelTrace | None:
+        """The trace of the model episode last played in `slot` (None: none since the last take)."""
+        return self._traces.pop(slot, None)
 
     async def predict_success(self, trajectory: Trajectory, slot: int) -> Verdict:
         """The "last_turn" verdict on a real episode: the share of `samples` answers to its real last

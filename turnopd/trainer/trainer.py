@@ -2,11 +2,11 @@
 trainer.turn_rows_per_update, one per that many turn rows of the call's batch).
 
 loss = sum_p w_p * l_p over the action tokens p of the GLOBAL batch (all ranks), with l_p from the
-objective's estimator and w_p from the loss mode (normalized by the global trajectory and token
-counts), scaled by each turn's teacher familiarity under `familiarity.mode` weight or gate
-(turnopd.algorithm.familiarity; the signals come with the batch, or from the teacher's forward here
-when it runs in this process, which then runs before the student's so the weights are known), and,
-for world-model rollouts, by each trajectory's Inverse-Variance Denoising factor. A step packs this rank's sequences into micro-batches by token count, runs forward and
+objective's estimator and w_p from turnopd.algorithm.objective.final_token_weights: the loss mode's
+weight, scaled by each turn's teacher familiarity under `familiarity.mode` weight or gate (the
+signals come with the batch, or from the teacher's forward here when it runs in this process, which
+then runs before the student's so the weights are known) and by each trajectory's loss weight
+(Trajectory.loss_weight, where the batch carries them). A step packs this rank's sequences into micro-batches by token count, runs forward and
 backward on each (gradients accumulate; the last backward is the accumulation boundary), then takes
 one optimizer step. Every rank runs the same number of micro-batches (padding ones contribute zero
 loss), since each backward may join collectives.
@@ -34,13 +34,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from turnopd.algorithm.familiarity import familiarity_factors, reweight
+from turnopd.algorithm.familiarity import familiarity_factors
 from turnopd.algorithm.objective import (
     ESTIMATORS,
     TokenInputs,
-    is_deep_turn,
+    WeightParams,
+    deep_turn_share,
+    final_token_weights,
     per_trajectory_turn_means,
-    token_weights,
     turn_row_index,
 )
 from turnopd.config import FamiliarityConfig, LossConfig, ObjectiveConfig, TrainerConfig
@@ -127,6 +128,29 @@ class UpdatePlan:
 
 
 @dataclass(frozen=True)
+class StepResult:
+    """What one `Trainer.step` measured over the global batch (every rank holds the same)."""
+
+    loss: float  # the mean over the step's updates of each one's loss
+    mean_kl: float  # over the action tokens
+    deep_turn_share: float  # the weighted loss's share on the deepest third of turns (objective.deep_turn_share)
+    turn_kl: list[list[float]]  # per trajectory of the batch (rank-major, as gather_objects orders them), per turn
+    turn_signals: dict[str, list[list[float]]]  # per familiarity signal the teacher scored, the same layout
+    tokens_trained: int  # prompt + action tokens run through the student (no padding)
+    action_tokens: int
+    padding_share: float
+    grad_norm: float | None  # before clipping, the mean over the updates (None: nothing trained)
+    lr: float
+    num_micro_batches: int
+    optimizer_updates: int
+    skipped: bool  # an update was not applied (a non-finite loss or gradient), or the batch was dropped
+    train_parts: dict[str, float]  # seconds: teacher, forward_backward, optimizer
+    familiarity_kept_share: float | None  # the weight the familiar turns kept (familiarity.mode weight or gate)
+    dropped: bool = False  # the batch was not trained on: an image of it was lost (see Trainer.images)
+    missing_images: int = 0
+
+
+@dataclass(frozen=True)
 class UpdateResult:
     applied: bool
     grad_norm: float
@@ -181,12 +205,23 @@ def keep_trainable(module: nn.Module, state: dict[str, Any], prefix: str, local_
         del state[key]
 
 
+def check_in_process_teacher(student: nn.Module, teacher: nn.Module | None, estimator: str) -> None:
+    """An estimator that reads the teacher's hidden states needs the teacher here, a causal LM whose
+    output head has the student's rows."""
+    if teacher is None:
+        raise ValueError(f"objective.estimator={estimator} needs the teacher model in this "
+                         "process (teacher_model=...); use k1, k3 or topk with a remote teacher")
+    check_causal_lm(teacher, "teacher")
+    vocab = (student.get_output_embeddings().weight.shape[0], teacher.get_output_embeddings().weight.shape[0])
+    if vocab[0] != vocab[1]:
+        raise ValueError(f"estimator=full needs equal vocabularies: student {vocab[0]}, teacher {vocab[1]}")
+
+
 class Trainer:
     """A DeepSpeed engine around an HF causal LM student, minimizing the OPD loss.
 
-    Trainer(model, trainer_cfg, objective_cfg, loss_cfg, total_steps, teacher_model=None, familiarity_cfg=None,
-            world_model_weights=False)
-    step(batch, alpha) -> metrics      one optimizer step on this rank's share of the batch
+    Trainer(model, trainer_cfg, objective_cfg, loss_cfg, total_steps, teacher_model=None, familiarity_cfg=None)
+    step(batch, alpha) -> StepResult   one optimizer step on this rank's share of the batch
     module                              the HF model (trained in place)
     save(dir) / load(dir)               HF weights + optimizer + scheduler + step counter; call on
                                         every rank with the same dir (ZeRO partitions are per rank)
@@ -194,53 +229,22 @@ class Trainer:
 
     def __init__(self, model: nn.Module, trainer_cfg: TrainerConfig, objective_cfg: ObjectiveConfig,
                  loss_cfg: LossConfig, total_steps: int, teacher_model: nn.Module | None = None,
-                 familiarity_cfg: FamiliarityConfig | None = None, world_model_weights: bool = False):
+                 familiarity_cfg: FamiliarityConfig | None = None):
         init_process_group()  # before importing deepspeed: it picks the accelerator on import
-        import deepspeed
 
         self.cfg, self.objective, self.loss_cfg = trainer_cfg, objective_cfg, loss_cfg
         self.familiarity = familiarity_cfg or FamiliarityConfig()
-        self.world_model_weights = world_model_weights  # batches carry per-trajectory denoising factors
         if total_steps < 1:
             raise ValueError(f"total_steps must be >= 1, got {total_steps}")
         check_causal_lm(model, "student")
         self.estimator = ESTIMATORS.get(objective_cfg.estimator)
         if self.estimator.needs_teacher_model:
-            if teacher_model is None:
-                raise ValueError(f"objective.estimator={objective_cfg.estimator} needs the teacher model in this "
-                                 "process (teacher_model=...); use k1, k3 or topk with a remote teacher")
-            check_causal_lm(teacher_model, "teacher")
-            vocab = (model.get_output_embeddings().weight.shape[0], teacher_model.get_output_embeddings().weight.shape[0])
-            if vocab[0] != vocab[1]:
-                raise ValueError(f"estimator=full needs equal vocabularies: student {vocab[0]}, teacher {vocab[1]}")
+            check_in_process_teacher(model, teacher_model, objective_cfg.estimator)
         dtype = resolve_dtype(trainer_cfg.dtype)
-        config = deepspeed_config(trainer_cfg, dtype)
-
         if trainer_cfg.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
-        scorer = ActionScorer(model, objective_cfg.chunk_size, trainer_cfg.shared_prefix)
-        self.adapter_only = is_adapter_model(model)
-        if self.adapter_only:  # DeepSpeed's checkpoint holds the adapter alone: the frozen base (tied head
-            # included, which exclude_frozen_parameters would keep) comes from the base model
-            scorer.register_state_dict_post_hook(functools.partial(keep_trainable, trainable={
-                name for name, p in scorer.named_parameters() if p.requires_grad}))
-        # fused: one vectorized kernel (on CPU ~6x faster than the per-tensor loop), no extension build
-        optimizer = torch.optim.AdamW(decay_param_groups(model, trainer_cfg.weight_decay), lr=trainer_cfg.lr,
-                                      betas=tuple(trainer_cfg.betas), fused=True)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(
-            lr_factor, total_steps=total_steps, warmup_steps=trainer_cfg.lr_warmup_steps,
-            schedule=trainer_cfg.lr_schedule))
-        self.engine, *_ = deepspeed.initialize(model=scorer, optimizer=optimizer, lr_scheduler=schedule,
-                                               config=config)
-        if trainer_cfg.zero_stage == 3:
-            # ZeRO-3 gathers a parameter only for its owner's forward; the head is read in the scorer's.
-            deepspeed.zero.register_external_parameter(self.engine.module, scorer.head_weight)
-        if trainer_cfg.zero_stage == 0 and self.engine.dp_world_size == 1:
-            # ZeRO-0 would flatten, "all-reduce" over one rank and copy back every gradient per step
-            self.engine.enable_backward_allreduce = False
-        # DeepSpeed steps a bare torch optimizer (ZeRO-0 in fp32) without checking for overflow.
-        self._bare_optimizer = self.engine.optimizer is optimizer
+        self.engine, self._bare_optimizer = self._initialize(model, total_steps, dtype)
         self.device = self.engine.device
         self.teacher = None
         if teacher_model is not None and self.estimator.needs_teacher_model:
@@ -252,9 +256,36 @@ class Trainer:
                              "ranks: each rank trains an equal share of every update's rows")
         self.steps_taken = 0  # step() calls completed (applied or skipped)
         self.bad_streak = 0  # skipped steps in a row
-        # a vision-language student: its batches' screenshot keys -> pixel_values, fetched from the pixel
-        # store as each micro-batch runs (turnopd.engines.screens.ScreenPixels; set by the run's start-up)
-        self.screens: Any = None
+        # a vision-language student: its batches' image keys -> pixel_values (`missing(keys)`, `(keys)`),
+        # fetched as each micro-batch runs (turnopd.engines.screens.ScreenPixels; set by the run's start-up)
+        self.images: Any = None
+
+    def _initialize(self, model: nn.Module, total_steps: int, dtype: torch.dtype) -> tuple[Any, bool]:
+        """The DeepSpeed engine around the student's scorer, with a fused AdamW and the lr schedule, and
+        whether DeepSpeed steps the bare torch optimizer (ZeRO-0 in fp32: no overflow check of its own)."""
+        import deepspeed
+
+        cfg = self.cfg
+        scorer = ActionScorer(model, self.objective.chunk_size, cfg.shared_prefix)
+        self.adapter_only = is_adapter_model(model)
+        if self.adapter_only:  # DeepSpeed's checkpoint holds the adapter alone: the frozen base (tied head
+            # included, which exclude_frozen_parameters would keep) comes from the base model
+            scorer.register_state_dict_post_hook(functools.partial(keep_trainable, trainable={
+                name for name, p in scorer.named_parameters() if p.requires_grad}))
+        # fused: one vectorized kernel (on CPU ~6x faster than the per-tensor loop), no extension build
+        optimizer = torch.optim.AdamW(decay_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas),
+                                      fused=True)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(
+            lr_factor, total_steps=total_steps, warmup_steps=cfg.lr_warmup_steps, schedule=cfg.lr_schedule))
+        engine, *_ = deepspeed.initialize(model=scorer, optimizer=optimizer, lr_scheduler=schedule,
+                                          config=deepspeed_config(cfg, dtype))
+        if cfg.zero_stage == 3:
+            # ZeRO-3 gathers a parameter only for its owner's forward; the head is read in the scorer's.
+            deepspeed.zero.register_external_parameter(engine.module, scorer.head_weight)
+        if cfg.zero_stage == 0 and engine.dp_world_size == 1:
+            # ZeRO-0 would flatten, "all-reduce" over one rank and copy back every gradient per step
+            engine.enable_backward_allreduce = False
+        return engine, engine.optimizer is optimizer
 
     @property
     def module(self) -> nn.Module:
@@ -276,15 +307,15 @@ class Trainer:
     # One optimizer step
     # ---------------------------------------------------------------------------------------
 
-    def step(self, batch: TokenBatch, alpha: float) -> dict[str, Any]:
+    def step(self, batch: TokenBatch, alpha: float) -> StepResult:
         """One optimizer step on this rank's share of the batch (trajectory indices local to it), or
         with trainer.turn_rows_per_update one per that many turn rows (see the module docstring)."""
         self._check_batch(batch)
         tokens = ActionTokens.of(batch)
-        if self.screens is not None:  # a student that reads screenshots (every rank): are they all there?
+        if self.images is not None:  # a student that reads images (every rank): are they all there?
             keys = [key for sequence_keys in batch.image_keys for key in sequence_keys]
-            (missing,) = self._sum_over_ranks([len(self.screens.missing(keys))])
-            if missing:  # a screenshot lost from the store: the batch is dropped, not trained on blind
+            (missing,) = self._sum_over_ranks([len(self.images.missing(keys))])
+            if missing:  # an image lost from its store: the batch is dropped, not trained on blind
                 return self._dropped(batch.num_trajectories, int(missing))
         (num_action,) = self._sum_over_ranks([tokens.count])
         if num_action == 0:
@@ -293,67 +324,74 @@ class Trainer:
         (num_updates,) = self._all_reduce([len(plans)], "max")  # a rank with fewer rows pads with empty updates
         if self.estimator.needs_proximal_logprobs and num_updates > 1:
             tokens = dataclasses.replace(tokens, proximal_logprobs=self._proximal_logprobs(batch, tokens))
+        weighted = self._any_rank(tokens.trajectory_weights is not None)  # the batch carries trajectory weights
         weights = torch.zeros(tokens.count)
         tally = StepTally.for_tokens(tokens.count)
         lr = float(self.engine.get_lr()[0])
         empty = UpdatePlan(torch.zeros(0, dtype=torch.long), [])
-        updates = [self._update(plans[u] if u < len(plans) else empty, tokens, alpha, weights, tally)
+        updates = [self._update(plans[u] if u < len(plans) else empty, tokens, alpha, weights, tally, weighted)
                    for u in range(int(num_updates))]
         applied = all(u.applied for u in updates)
         self.steps_taken += 1
         self.bad_streak = 0 if applied else self.bad_streak + 1
         kept = [u.familiarity_kept_share for u in updates if u.familiarity_kept_share is not None]
-        grad_norm = sum(u.grad_norm for u in updates) / len(updates)
-        metrics = {**self._metrics(tokens, weights, tally, int(num_action), batch.num_trajectories, len(updates)),
-                   "grad_norm": grad_norm, "lr": lr, "num_micro_batches": sum(u.num_micro_batches for u in updates),
-                   "optimizer_updates": len(updates), "skipped": not applied,
-                   "train_parts": {part: sum(u.seconds[part] for u in updates) for part in updates[0].seconds},
-                   "familiarity_kept_share": sum(kept) / len(kept) if kept else None}
+        result = self._result(tokens, weights, tally, int(num_action), batch.num_trajectories, updates, lr,
+                              sum(kept) / len(kept) if kept else None)
         if self.bad_streak >= self.cfg.max_bad_steps:
             raise TrainingDiverged(
                 f"{self.bad_streak} optimizer steps in a row had a NaN/inf loss or gradient and were skipped "
-                f"(trainer.max_bad_steps={self.cfg.max_bad_steps}); last step: loss={metrics['loss']}, "
-                f"grad_norm={grad_norm}. Lower trainer.lr, check the teacher log-probs, or set "
+                f"(trainer.max_bad_steps={self.cfg.max_bad_steps}); last step: loss={result.loss}, "
+                f"grad_norm={result.grad_norm}. Lower trainer.lr, check the teacher log-probs, or set "
                 "objective.clip_eps")
-        return metrics
+        return result
 
-    def _dropped(self, num_trajectories: int, missing: int) -> dict[str, Any]:
+    def _dropped(self, num_trajectories: int, missing: int) -> StepResult:
         """The result of a step whose batch was dropped (every rank agrees): no forward, no update; its
         loss and KL were not measured (NaN), its trajectories have no per-turn KL."""
         self.steps_taken += 1
         nothing = [[] for _ in range(num_trajectories)]
-        return {"loss": float("nan"), "mean_kl": float("nan"), "deep_turn_share": 0.0,
-                "turn_kl": [kls for part in gather_objects(nothing) for kls in part], "turn_signals": {},
-                "tokens_trained": 0, "action_tokens": 0, "padding_share": 0.0, "grad_norm": None,
-                "lr": float(self.engine.get_lr()[0]), "num_micro_batches": 0, "optimizer_updates": 0,
-                "skipped": True, "dropped": True, "missing_screenshots": missing, "train_parts": {},
-                "familiarity_kept_share": None}
+        return StepResult(loss=float("nan"), mean_kl=float("nan"), deep_turn_share=0.0,
+                          turn_kl=[kls for part in gather_objects(nothing) for kls in part], turn_signals={},
+                          tokens_trained=0, action_tokens=0, padding_share=0.0, grad_norm=None,
+                          lr=float(self.engine.get_lr()[0]), num_micro_batches=0, optimizer_updates=0, skipped=True,
+                          train_parts={}, familiarity_kept_share=None, dropped=True, missing_images=missing)
 
     def _update(self, plan: UpdatePlan, tokens: ActionTokens, alpha: float, weights: torch.Tensor,
-                tally: StepTally) -> UpdateResult:
-        """One optimizer update on the plan's tokens: their loss-mode weights, normalized over the
-        update's tokens on all ranks (written into `weights` at the plan's indices), forward and
+                tally: StepTally, weighted: bool) -> UpdateResult:
+        """One optimizer update on the plan's tokens: their weights (final_token_weights, normalized over
+        the update's tokens on all ranks; written into `weights` at the plan's indices), forward and
         backward per micro-batch (the other tokens of its sequences at weight 0), the optimizer step."""
         part = tokens.select(plan.index)
         # N_traj counts the trajectories with action tokens, as token_weights does in one process
-        num_traj, num_action, num_rows, num_micro = self._global_counts(
-            int(part.traj_ids.unique().numel()), part.count,
-            int(turn_row_index(part.traj_ids, part.turn_ids).unique().numel()), len(plan.micro_batches))
+        counts = self._global_counts(int(part.traj_ids.unique().numel()), part.count,
+                                     int(turn_row_index(part.traj_ids, part.turn_ids).unique().numel()))
+        num_micro = int(self._all_reduce([len(plan.micro_batches)], "max")[0])
         clock = PartClock(self.device)
         teacher_hidden = ([self._teacher_pass(mb, tokens) for mb in plan.micro_batches] if self.teacher is not None
                           else [])
         clock.lap("teacher")
         part = tokens.select(plan.index)  # with the familiarity signals the teacher's forward just wrote
-        own = (token_weights(part.traj_ids, part.turn_ids, self.loss_cfg.mode, alpha, self.loss_cfg.constant_k,
-                             num_trajectories=num_traj, num_tokens=num_action, num_turn_rows=num_rows)
-               if part.count else torch.zeros(0))
-        own, kept_share = self._familiarity_weights(own, part)
-        own = self._denoised_weights(own, part)
+        own, kept_share = final_token_weights(
+            part.traj_ids, part.turn_ids, self.loss_cfg.mode, WeightParams(alpha, self.loss_cfg.constant_k), counts,
+            familiarity=self._familiarity_factors(part), sum_over_ranks=self._sum_over_ranks,
+            trajectory=self._trajectory_factors(part) if weighted else None)
         update_weights = torch.zeros(tokens.count)
         update_weights[plan.index] = own.to(update_weights)
         weights[plan.index] = own.to(weights)
         in_update = torch.zeros(tokens.count, dtype=torch.bool)
         in_update[plan.index] = True
+        self._forward_backward(plan, tokens, teacher_hidden, update_weights, in_update, num_micro, tally)
+        clock.lap("forward_backward")
+        failpoint("trainer.optimizer_step")
+        applied, grad_norm = self._optimizer_step()
+        clock.lap("optimizer")
+        return UpdateResult(applied, grad_norm, kept_share, num_micro, clock.seconds)
+
+    def _forward_backward(self, plan: UpdatePlan, tokens: ActionTokens, teacher_hidden: list[torch.Tensor],
+                          update_weights: torch.Tensor, in_update: torch.Tensor, num_micro: int, tally: StepTally
+                          ) -> None:
+        """Forward and backward of each of the update's micro-batches (padding ones past this rank's), the
+        gradients accumulating to the last; the per-token losses and KL of the update's tokens into `tally`."""
         nonfinite = False
         for i in range(num_micro):
             last = i == num_micro - 1
@@ -377,11 +415,6 @@ class Trainer:
             tally.loss += float(loss.detach())
             tally.padding += mb.num_padding
             tally.tokens += mb.num_tokens
-        clock.lap("forward_backward")
-        failpoint("trainer.optimizer_step")
-        applied, grad_norm = self._optimizer_step()
-        clock.lap("optimizer")
-        return UpdateResult(applied, grad_norm, kept_share, num_micro, clock.seconds)
 
     def _plan_updates(self, batch: TokenBatch, tokens: ActionTokens) -> list[UpdatePlan]:
         """The step's updates: one on every action token of this rank, or with turn_rows_per_update K
@@ -447,36 +480,25 @@ class Trainer:
                 mb.action_index] = values
         return select_predicting(hidden, ids, scored)[0]
 
-    def _denoised_weights(self, weights: torch.Tensor, tokens: ActionTokens) -> torch.Tensor:
-        """World-model rollouts with several samples per step: each trajectory's Inverse-Variance
-        Denoising factor f (turnopd.algorithm.world_model_corrections) scales its tokens' weights, the total kept
-        (w' = w f W / W', sums over all ranks)."""
-        if not self.world_model_weights:
-            return weights
-        factors = tokens.trajectory_weights
-        if factors is None and tokens.count:
-            raise ValueError("the batch carries no trajectory_weights (Trajectory.world_model_weight) for a "
-                             "trainer that denoises world-model rollouts")
-        return self._scaled_keeping_total(weights, factors if tokens.count else torch.zeros(0))[0]
+    @staticmethod
+    def _trajectory_factors(tokens: ActionTokens) -> torch.Tensor:
+        """Each token's trajectory loss-weight factor f (1 on a rank whose trajectories carry none)."""
+        if tokens.trajectory_weights is None:
+            return torch.ones(tokens.count, dtype=torch.float64)
+        return tokens.trajectory_weights
 
-    def _familiarity_weights(self, weights: torch.Tensor, tokens: ActionTokens) -> tuple[torch.Tensor, float | None]:
-        """The loss mode's weights scaled by familiarity (w' = w g W / W', sums over all ranks), and the
-        share W' / W of the weight the familiar turns kept (None with familiarity.mode none)."""
+    def _familiarity_factors(self, tokens: ActionTokens) -> torch.Tensor | None:
+        """Each token's familiarity factor g under familiarity.mode weight or gate (None with mode none)."""
         fam = self.familiarity
         if fam.mode == "none":
-            return weights, None
+            return None
+        if not tokens.count:
+            return torch.zeros(0)
         values = tokens.signals.get(fam.signal)
-        if values is None and tokens.count:
+        if values is None:
             raise ValueError(f"familiarity.signal={fam.signal} is not in the batch: the teacher scored no "
                              f"{fam.signal} (action_entropy from a vllm teacher needs familiarity.topk)")
-        return self._scaled_keeping_total(weights, familiarity_factors(
-            values, fam.mode, fam.signal, fam.threshold, fam.temperature) if tokens.count else torch.zeros(0))
-
-    def _scaled_keeping_total(self, weights: torch.Tensor, factors: torch.Tensor) -> tuple[torch.Tensor, float]:
-        """w' = w g W / W' with W = sum w and W' = sum w g over all ranks (a collective: every rank
-        calls it), and the share W' / W the factors kept (0 when W is 0)."""
-        before, after = self._sum_over_ranks([float(weights.double().sum()), float((weights.double() * factors).sum())])
-        return reweight(weights, factors, before, after), after / before if before > 0 else 0.0
+        return familiarity_factors(values, fam.mode, fam.signal, fam.threshold, fam.temperature)
 
     def _token_losses(self, mb: MicroBatch, tokens: ActionTokens, teacher_hidden: torch.Tensor | None
                       ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -501,10 +523,10 @@ class Trainer:
         return out["loss"], out["kl"]
 
     def _pixel_values(self, mb: MicroBatch) -> torch.Tensor | None:
-        """The micro-batch's screenshots as the student's pixel_values, fetched now (None: no images)."""
+        """The micro-batch's images as the student's pixel_values, fetched now (None: no images)."""
         if not mb.image_keys:
             return None
-        return self.screens(list(mb.image_keys)).to(self.device, next(self.module.parameters()).dtype)
+        return self.images(list(mb.image_keys)).to(self.device, next(self.module.parameters()).dtype)
 
     def _padding_loss(self, mb: MicroBatch) -> torch.Tensor:
         """Zero times the student's log-prob of the padding token: a backward through every trained
@@ -529,31 +551,29 @@ class Trainer:
         norm = self.engine.get_global_grad_norm()
         return self.engine.was_step_applied(), float("nan") if norm is None else float(norm)
 
-    def _metrics(self, tokens: ActionTokens, weights: torch.Tensor, tally: StepTally, num_action: int,
-                 num_trajectories: int, num_updates: int) -> dict[str, Any]:
+    def _result(self, tokens: ActionTokens, weights: torch.Tensor, tally: StepTally, num_action: int,
+                num_trajectories: int, updates: list[UpdateResult], lr: float, kept: float | None) -> StepResult:
         """Loss (the mean over the step's updates of each one's), KL and shares over the global batch
         (summed over ranks)."""
-        mass = (weights.double() * tally.token_loss).abs()
-        deep = is_deep_turn(tokens.turn_ids, tokens.traj_ids) if tokens.count else torch.zeros(0, dtype=torch.bool)
-        loss, kl_sum, deep_mass, total_mass, pad_tokens, real_tokens = self._sum_over_ranks(
-            [tally.loss, float(tally.token_kl.sum()), float(mass[deep].sum()), float(mass.sum()),
-             float(tally.padding), float(tally.tokens)])
+        loss, kl_sum, pad_tokens, real_tokens = self._sum_over_ranks(
+            [tally.loss, float(tally.token_kl.sum()), float(tally.padding), float(tally.tokens)])
         local_turn_kl = per_trajectory_turn_means(tally.token_kl, tokens.traj_ids, tokens.turn_ids, num_trajectories)
         local_signals = {name: per_trajectory_turn_means(values, tokens.traj_ids, tokens.turn_ids, num_trajectories)
                          for name, values in sorted(tokens.signals.items())}
-        return {
-            "loss": loss / num_updates,
-            "mean_kl": kl_sum / num_action,
-            "deep_turn_share": deep_mass / total_mass if total_mass > 0 else 0.0,
-            # per trajectory of the batch, rank-major as gather_objects orders the ranks' trajectories
-            "turn_kl": [kls for part in gather_objects(local_turn_kl) for kls in part],
-            # per familiarity signal the teacher scored, the same layout: each trajectory's turn values
-            "turn_signals": {name: [turns for part in gather_objects(per_traj) for turns in part]
-                             for name, per_traj in local_signals.items()},
-            "tokens_trained": int(real_tokens),  # prompt + action tokens run through the student (no padding)
-            "action_tokens": num_action,
-            "padding_share": pad_tokens / (pad_tokens + real_tokens),
-        }
+        return StepResult(
+            loss=loss / len(updates), mean_kl=kl_sum / num_action,
+            deep_turn_share=deep_turn_share(weights, tally.token_loss, tokens.turn_ids, tokens.traj_ids,
+                                            self._sum_over_ranks),
+            turn_kl=[kls for part in gather_objects(local_turn_kl) for kls in part],
+            turn_signals={name: [turns for part in gather_objects(per_traj) for turns in part]
+                          for name, per_traj in local_signals.items()},
+            tokens_trained=int(real_tokens), action_tokens=num_action,
+            padding_share=pad_tokens / (pad_tokens + real_tokens),
+            grad_norm=sum(u.grad_norm for u in updates) / len(updates), lr=lr,
+            num_micro_batches=sum(u.num_micro_batches for u in updates), optimizer_updates=len(updates),
+            skipped=not all(u.applied for u in updates),
+            train_parts={part: sum(u.seconds[part] for u in updates) for part in updates[0].seconds},
+            familiarity_kept_share=kept)
 
     # ---------------------------------------------------------------------------------------
     # Collectives over the data-parallel ranks
@@ -572,12 +592,10 @@ class Trainer:
     def _any_rank(self, flag: bool) -> bool:
         return self._all_reduce([float(flag)], "max")[0] > 0
 
-    def _global_counts(self, num_traj: int, num_action: int, num_rows: int, num_micro: int
-                       ) -> tuple[int, int, int, int]:
-        """(N_traj, N_tokens, N_rows) summed over ranks, and the most micro-batches any rank has."""
+    def _global_counts(self, num_traj: int, num_action: int, num_rows: int) -> tuple[int, int, int]:
+        """(N_traj, N_tokens, N_rows) summed over ranks."""
         total_traj, total_action, total_rows = self._sum_over_ranks([num_traj, num_action, num_rows])
-        (most_micro,) = self._all_reduce([num_micro], "max")
-        return int(total_traj), int(total_action), int(total_rows), int(most_micro)
+        return int(total_traj), int(total_action), int(total_rows)
 
     # ---------------------------------------------------------------------------------------
     # Checkpoints

@@ -18,8 +18,6 @@ from turnopd.orchestration.pipeline.base import PIPELINE_MODES, PipelineMode, Pi
 from turnopd.orchestration.pipeline.plan import BatchPlan, play_and_score, step_episodes
 from turnopd.orchestration.preflight import Setup
 from turnopd.rollout import Policy
-from turnopd.rollout.judge import Judge
-from turnopd.rollout.world_model_pool import WorldModelPool
 
 
 class InProcessRollouts:
@@ -27,24 +25,22 @@ class InProcessRollouts:
     takes them, with the weights the loop has just given the policy."""
 
     def __init__(self, cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Policy,
-                 teachers: dict[str, Teacher], ledger: Ledger, world: WorldModelPool | None = None,
-                 judge: Judge | None = None):
+                 teachers: dict[str, Teacher], ledger: Ledger, addons: Any = None):
         self.cfg, self.setup, self.pool, self.policy = cfg, setup, pool, policy
-        self.teachers, self.ledger, self.world, self.judge = teachers, ledger, world, judge
+        self.teachers, self.ledger, self.addons = teachers, ledger, addons
         self._stats = PipelineStats("sync")
 
     def take(self, plan: BatchPlan) -> list[Trajectory]:
-        self._stats = PipelineStats("sync", weight_version=plan.step)
-        if self.world is not None:
-            self.world.start_batch(plan.step)
-        if self.judge is not None:
-            self.judge.start_batch(plan.step)
+        """Step `plan.step`'s episodes, played and scored now (with the run's add-ons:
+        turnopd.orchestration.addons)."""
+        world, judge = (self.addons.world, self.addons.judge) if self.addons is not None else (None, None)
+        if self.addons is not None:
+            self.addons.start_batch(plan.step)
         trajectories = play_and_score(self.cfg, self.setup.spec, self.pool, self.policy, self.teachers,
                                       step_episodes(self.cfg, self.setup.train_tasks, plan), self.ledger,
-                                      world=self.world, judge=self.judge)
-        if self.judge is not None:  # the step's attempts join the memory the next steps' judge reads
-            self._stats = dataclasses.replace(self._stats, judge=dataclasses.asdict(self.judge.stats))
-            self.judge.commit(trajectories)
+                                      world=world, judge=judge)
+        added = self.addons.end_batch(trajectories) if self.addons is not None else {}
+        self._stats = dataclasses.replace(PipelineStats("sync", weight_version=plan.step), **added)
         return trajectories
 
     def prepare(self, plan: BatchPlan) -> None:
@@ -62,9 +58,8 @@ class InProcessRollouts:
 
 @contextmanager
 def _open_in_process(cfg: RunConfig, setup: Setup, *, policy: Policy, pool: EnvPool, teachers: dict[str, Teacher],
-                     ledger: Ledger, world: WorldModelPool | None = None, judge: Judge | None = None, **_: Any
-                     ) -> Iterator[InProcessRollouts]:
-    yield InProcessRollouts(cfg, setup, pool, policy, teachers, ledger, world, judge)
+                     ledger: Ledger, addons: Any = None, **_: Any) -> Iterator[InProcessRollouts]:
+    yield InProcessRollouts(cfg, setup, pool, policy, teachers, ledger, addons)
 
 
 PIPELINE_MODES.register("sync")(PipelineMode(open=_open_in_process, off_policy=False))

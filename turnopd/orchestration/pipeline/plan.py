@@ -24,9 +24,9 @@ from turnopd.core.ledger import Ledger
 from turnopd.core.types import Trajectory
 from turnopd.orchestration.preflight import scoring_topk
 from turnopd.rollout import Policy, SamplingParams
-from turnopd.rollout.engine import rollout
+from turnopd.rollout.engine import POLICY_SAMPLE, rollout
 from turnopd.rollout.judge import Judge
-from turnopd.rollout.world_model_pool import WorldModelPool
+from turnopd.rollout.world_model_pool import WorldModelPool, trace_of
 
 # Task draws: salt 0 for a step's rollouts, 1 for its probes, POOL_SALT + start_step for pool waves
 # (so that a resumed run does not replay the waves of the run it continues).
@@ -178,13 +178,14 @@ def play_and_score(cfg: RunConfig, spec: EnvSpec, pool: EnvPool, policy: Policy,
     times (the first three overlap), and so is a `judge`'s (turnopd.rollout.judge)."""
     with ledger.phase("probe" if episodes.probe else "rollout"):
         trajectories = rollout(spec, pool, policy, episodes.tasks, env_config=cfg.env, sampling=episodes.sampling,
-                               turn_limits=episodes.turn_limits, probes=episodes.probes, ledger=ledger, world=world,
-                               simulated=episodes.simulated, judge=judge)
+                               turn_limits=episodes.turn_limits, probes=episodes.probes, ledger=ledger,
+                               actions=judge or POLICY_SAMPLE,
+                               run_episode=world.runner(pool, episodes.simulated, ledger.busy) if world else None)
         if world is not None and cfg.world_model.denoise == "trajectory_variance" and cfg.world_model.samples >= 2:
-            weights = inverse_variance_weights([trajectory_variance(t.world_model_disagreements) for t in trajectories],
+            weights = inverse_variance_weights([trajectory_variance(trace_of(t).disagreements) for t in trajectories],
                                                cfg.world_model.variance_floor)
             for trajectory, weight in zip(trajectories, weights, strict=True):
-                trajectory.world_model_weight = weight
+                trajectory.loss_weight = weight
         with ledger.busy("teacher"):
             score(cfg, teachers, trajectories)
     return trajectories
