@@ -198,20 +198,52 @@ def test_imports_go_down_the_layers():
     assert upward == []
 
 
-ONE_SCREEN = 60  # lines: the orchestration reads top to bottom, each function in one screen
+ONE_SCREEN = 60  # lines: the code reads top to bottom, each function in one screen
+
+# "module:function" (methods as Class.method) -> why it is longer than one screen
+LONG_FUNCTIONS: dict[str, str] = {
+    "turnopd.rollout.engine:play_episode": "issue 55: being split by the lead",
+    "turnopd.core.types:build_token_batch": "issue 55: being split by the lead",
+    "turnopd.trainer.trainer:Trainer.__init__": "issue 55: being split by the lead",
+}
 
 
-def long_functions(package: Path, limit: int = ONE_SCREEN) -> list[str]:
-    """Functions (methods included) of the package's modules longer than `limit` lines."""
-    return [f"{path.name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
-            for path in sorted(package.rglob("*.py")) for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > limit]
+def long_functions_in(source: str, module: str, limit: int = ONE_SCREEN) -> dict[str, int]:
+    """The functions (methods and nested functions included) of a module's source longer than `limit`
+    lines, as "module:qualified.name" -> lines."""
+    out: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = getattr(child, "name", None)
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = child.end_lineno - child.lineno + 1
+                if lines > limit:
+                    out[f"{module}:{prefix}{name}"] = lines
+            visit(child, f"{prefix}{name}." if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef
+                                                          | ast.ClassDef) else prefix)
+
+    visit(ast.parse(source), "")
+    return out
 
 
-def test_long_functions_are_found(tmp_path):
-    (tmp_path / "m.py").write_text("def short():\n    pass\n\n\ndef long():\n" + "    x = 1\n" * 60)
-    assert [row.split(" ", 1)[1] for row in long_functions(tmp_path)] == ["long (61 lines)"]
+def long_functions(root: Path = ROOT, package: str = "turnopd", limit: int = ONE_SCREEN) -> dict[str, int]:
+    """Every function of the package's modules longer than `limit` lines."""
+    return {key: lines for module, path in sorted(module_files(root).items())
+            if module == package or module.startswith(package + ".")
+            for key, lines in long_functions_in(path.read_text(), module, limit).items()}
 
 
-def test_every_orchestration_function_fits_one_screen():
-    assert long_functions(ROOT / "turnopd" / "orchestration") == []
+def test_long_functions_are_found():
+    source = ("def short():\n    pass\n\n\ndef long():\n" + "    x = 1\n" * 60
+              + "\n\nclass C:\n    def method(self):\n" + "        x = 1\n" * 60)
+    assert long_functions_in(source, "turnopd.m") == {"turnopd.m:long": 61, "turnopd.m:C.method": 61}
+    assert long_functions_in("def short():\n" + "    x = 1\n" * 59, "turnopd.m") == {}
+
+
+def test_every_function_fits_one_screen():
+    """Every function of turnopd/ fits one screen, but those LONG_FUNCTIONS names with a reason (and
+    each of those is still there and still long: a split one leaves the list)."""
+    found = long_functions()
+    assert sorted(set(found) - set(LONG_FUNCTIONS)) == []
+    assert sorted(set(LONG_FUNCTIONS) - set(found)) == []
