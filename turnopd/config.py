@@ -511,9 +511,9 @@ class RunConfig(Section):
     tracking: list[str] = field(default_factory=lambda: ["tensorboard"], metadata=_registered("tracker"))
 
     def sections(self) -> list[Section]:
-        """The sections of the recipe, in its order, then the recipe itself (its top-level keys)."""
-        return [*(s for s in (getattr(self, f.name) for f in dataclasses.fields(self)) if isinstance(s, Section)),
-                self]
+        """The sections that check rules, in the order of CHECKED_SECTIONS, then the recipe itself (its
+        top-level keys)."""
+        return [*(getattr(self, name) for name in CHECKED_SECTIONS), self]
 
     def check(self, run: RunConfig) -> None:
         """The top-level keys: a teacher for the env, and the packages of the trackers."""
@@ -525,6 +525,11 @@ class RunConfig(Section):
             if importlib.util.find_spec(package) is None:
                 raise RecipeError(f"recipe key 'tracking': {name!r} needs the {package} package, which is not "
                                   f"installed: pip install '{TRACKING_EXTRA}' (or leave {name} out of tracking)")
+
+
+# The sections check_consistency asks, in this order: the first rule a recipe breaks is the one named
+# (the order the rules had in one function, section by section).
+CHECKED_SECTIONS = ("depth", "trainer", "env", "world_model", "judge", "objective", "loss", "familiarity", "student")
 
 
 def _load_yaml_with_defaults(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
