@@ -147,9 +147,9 @@ class StudentConfig(ModelConfig, Section):
     lora: LoraConfig | None = None  # None: full fine-tuning
 
     def check(self, run: RunConfig) -> None:
-        heads = sorted({"lm_head", "embed_tokens"} & set(self.lora.target_modules)) if self.lora else []
-        if self.lora is not None and (heads or not self.lora.target_modules):
-            raise RecipeError(f"recipe key 'student.lora.target_modules': {self.lora.target_modules}; name the "
+        lora = self.lora
+        if lora is not None and (not lora.target_modules or {"lm_head", "embed_tokens"} & set(lora.target_modules)):
+            raise RecipeError(f"recipe key 'student.lora.target_modules': {lora.target_modules}; name the "
                               "decoder's linear layers (or all-linear): the trainer reads the output head and the "
                               "embedding as plain weights, so an adapter on them would be ignored")
 
