@@ -10,7 +10,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from turnopd.core.registry import Registry
 
@@ -119,10 +119,10 @@ HIDDEN_PAGE = "(page not shown)"  # a page older than the screenshot window
 
 
 def shows_screenshots(spec: Any) -> bool:
-    """Whether an EnvSpec (or its class) shows its pages as screenshots: such a spec sets
-    `shows_screenshots = True` and has `screenshot_window` (the pages a prompt shows as images),
-    `pixel_store` (turnopd.core.pixels) and `put_screenshot(observation, admissible)` (envs/webshop/screenshot.py)."""
-    return getattr(spec, "shows_screenshots", False)
+    """Whether an EnvSpec (or its class) shows its pages as screenshots (EnvSpec.shows_screenshots;
+    a spec is an EnvSpec by its shape, not by subclassing it, so one that does not set the
+    capability reads as the protocol's default)."""
+    return getattr(spec, "shows_screenshots", EnvSpec.shows_screenshots)
 
 
 def screenshot_view(ctx: PromptContext, keys: Sequence[str], window: int) -> tuple[PromptContext, list[str]]:
@@ -148,6 +148,11 @@ class EnvSpec(Protocol):
     # Bump when the observation text changes (e.g. a new notebook line): expert demonstrations cached
     # with the old text are then played again instead of silently trained on (turnopd.orchestration.sft).
     observation_version: str
+    # Capability: its pages are shown to the student as screenshots (read by envs.base.shows_screenshots).
+    # Such a spec also has `screenshot_window` (the pages a prompt shows as images), `pixel_store`
+    # (turnopd.core.pixels) and `put_screenshot(observation, admissible)` (envs/webshop/screenshot.py).
+    # A spec whose observations report a metric implements MetricReader (`read_metric`).
+    shows_screenshots: ClassVar[bool] = False
 
     def splits(self) -> list[str]: ...
     def tasks(self, split: str) -> list[str]: ...  # deterministic order

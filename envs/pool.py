@@ -209,6 +209,10 @@ class InlineWorkers:
 
 
 class EnvPool:
+    # the ledger's name for the busy time of its resets and steps (turnopd.rollout.engine.play_episode);
+    # a pool whose steps are not the env's names its own (the world-model pool: "world_model")
+    ledger_resource = "env"
+
     def __init__(self, spec: EnvSpec, num_workers: int = 2, step_timeout_s: float = 60.0,
                  step_latency_s: float = 0.0, workers: Callable[[EnvSpec, int, float], Workers] = ProcessWorkers):
         if num_workers < 1:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from turnopd.core.registry import Registry
 
@@ -31,11 +31,26 @@ class TokenScores:
 
 class Teacher(Protocol):
     """Scores token sequences. Backends: transformers (local; has `.model`, the nn.Module), vllm
-    (in-process), vllm_server (an OpenAI-compatible vLLM server)."""
+    (in-process), vllm_server (an OpenAI-compatible vLLM server); each subclasses this protocol, so
+    that a capability it does not have reads as its default here.
+
+    Capabilities: the pre-flight checks (turnopd.orchestration.preflight) read `provides_model`,
+    `scores_entropy` and `max_topk` from a backend's class, before any model loads."""
 
     name: str
     tokenizer: Any
     max_length: int
+    # the teacher's nn.Module is in this process, as `.model`: what a full-vocabulary estimator needs
+    provides_model: ClassVar[bool] = False
+    # its scores carry the exact entropy of every position; else familiarity's action_entropy needs a top-k
+    scores_entropy: ClassVar[bool] = False
+    # a vision-language teacher: it scores the student's own sequences, screenshots included (`image_keys`)
+    reads_screenshots: bool = False
+
+    @staticmethod
+    def max_topk(spec: Any) -> int | None:
+        """The largest top-k the backend scores for a teacher spec (None: no limit)."""
+        return None
 
     # image_keys (a teacher that `reads_screenshots`): per sequence, the pixel-store keys of its images
     def score(self, sequences: list[list[int]], topk: int = 0, image_keys: list[list[str]] | None = None
@@ -43,11 +58,8 @@ class Teacher(Protocol):
     def close(self) -> None: ...
 
 
-# Backends are classes constructed from a TeacherSpec (teachers.spec): TEACHER_BACKENDS.get(name)(spec).
-# What the pre-flight checks read from a backend class before any model loads: `provides_model` (the
-# teacher's nn.Module is in this process, as `.model`: what a full-vocabulary estimator needs) and
-# `max_topk(spec)` (the largest top-k it scores, None: no limit), and `scores_entropy` (its scores carry
-# the exact entropy of every position; else the familiarity signal action_entropy needs a top-k).
+# Backends are classes (Teacher subclasses, their capabilities declared there) constructed from a
+# TeacherSpec (teachers.spec): TEACHER_BACKENDS.get(name)(spec).
 TEACHER_BACKENDS: Registry[Callable[..., Teacher]] = Registry("teacher backend")
 
 

@@ -36,7 +36,7 @@ def score_trajectories(teachers_by_env: dict[str, Teacher], trajectories: Sequen
         teacher = teachers_by_env[traj.env_name]
         teachers[id(teacher)] = teacher
         # a teacher that reads screenshots sees what the student saw; a text teacher its own text prompts
-        for seq in trajectory_sequences(traj, "student" if getattr(teacher, "reads_screenshots", False) else "teacher"):
+        for seq in trajectory_sequences(traj, "student" if teacher.reads_screenshots else "teacher"):
             if len(seq.ids) > teacher.max_length:
                 raise ValueError(f"trajectory of task {traj.task_id} has a sequence of {len(seq.ids)} tokens > "
                                  f"teacher {teacher.name}'s max_length {teacher.max_length}")

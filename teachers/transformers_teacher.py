@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from teachers.base import TEACHER_BACKENDS, TokenScores, check_sequences
+from teachers.base import TEACHER_BACKENDS, Teacher, TokenScores, check_sequences
 from teachers.spec import TeacherSpec, check_adapter
 from turnopd.algorithm.familiarity import entropy_from_logprobs
 from turnopd.core.device import run_device
@@ -33,7 +33,7 @@ GPU_MAX_BATCH_TOKENS = 16384
 
 
 @TEACHER_BACKENDS.register("transformers")
-class TransformersTeacher:
+class TransformersTeacher(Teacher):
     provides_model = True  # `.model` is the nn.Module, in this process
     scores_entropy = True  # the whole distribution is at hand
 

@@ -50,7 +50,7 @@ from typing import Any
 
 import requests
 
-from teachers.base import TEACHER_BACKENDS, TokenScores, check_sequences
+from teachers.base import TEACHER_BACKENDS, Teacher, TokenScores, check_sequences
 from teachers.spec import TeacherSpec, api_key, max_logprobs, served_model_name, server_urls
 from teachers.vllm_teacher import scores_from_prompt_logprobs
 
@@ -156,9 +156,8 @@ def merge_replica_stats(total: dict[str, dict[str, dict[str, Any]]],
 
 
 @TEACHER_BACKENDS.register("vllm_server")
-class VLLMServerTeacher:
-    provides_model = False
-    scores_entropy = False  # prompt logprobs carry a top-k at most
+class VLLMServerTeacher(Teacher):
+    # provides_model, scores_entropy: False (Teacher's defaults; prompt logprobs carry a top-k at most)
 
     @staticmethod
     def max_topk(spec: TeacherSpec) -> int | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from teachers.base import TEACHER_BACKENDS, TokenScores, check_sequences
+from teachers.base import TEACHER_BACKENDS, Teacher, TokenScores, check_sequences
 from teachers.spec import (
     TeacherSpec,
     adapter_rank,
@@ -59,9 +59,8 @@ def scores_from_prompt_logprobs(ids: Sequence[int], entries: Sequence[Mapping[in
 
 
 @TEACHER_BACKENDS.register("vllm")
-class VLLMTeacher:
-    provides_model = False
-    scores_entropy = False  # prompt logprobs carry a top-k at most
+class VLLMTeacher(Teacher):
+    # provides_model, scores_entropy: False (Teacher's defaults; prompt logprobs carry a top-k at most)
 
     @staticmethod
     def max_topk(spec: TeacherSpec) -> int | None:

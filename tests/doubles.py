@@ -14,6 +14,7 @@ class InProcessPool:
     slots ended early."""
 
     num_workers = 1
+    ledger_resource = "env"
 
     def __init__(self, spec: Any):
         self.spec = spec

@@ -161,6 +161,36 @@ def test_no_import_circles():
     assert cycles(import_graph()) == []
 
 
+def package_of(module: str) -> str:
+    """The package a module belongs to: turnopd's subpackages (and top-level modules) each one,
+    envs and teachers one each."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "turnopd" and len(parts) > 1 else parts[0]
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph collapsed to packages (an import within a package is no edge)."""
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        out.setdefault(package_of(module), set()).update(
+            package_of(t) for t in targets if package_of(t) != package_of(module))
+    return out
+
+
+def test_package_circles_are_found():
+    graph = {"turnopd.engines.a": {"turnopd.models.b"}, "turnopd.models.b": {"turnopd.engines.c"},
+             "turnopd.engines.c": set(), "envs.x.y": {"turnopd.core.z"}, "turnopd.core.z": set()}
+    assert cycles(graph) == []  # no module circle
+    assert package_graph(graph)["envs"] == {"turnopd.core"}
+    assert cycles(package_graph(graph)) == [["turnopd.engines", "turnopd.models"]]
+
+
+def test_no_package_circles():
+    """No circle among the packages either (turnopd.engines, turnopd.models, turnopd.rollout, envs,
+    teachers, ...): each can be read, and replaced, above the ones it imports."""
+    assert cycles(package_graph(import_graph())) == []
+
+
 def test_imports_go_down_the_layers():
     upward = [f"{module} ({LAYERS[layer_of(module)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})"
               for module, targets in import_graph().items() for target in sorted(targets)
@@ -168,20 +198,48 @@ def test_imports_go_down_the_layers():
     assert upward == []
 
 
-ONE_SCREEN = 60  # lines: the orchestration reads top to bottom, each function in one screen
+ONE_SCREEN = 60  # lines: the code reads top to bottom, each function in one screen
+
+# "module:function" (methods as Class.method) -> why it is longer than one screen
+LONG_FUNCTIONS: dict[str, str] = {}  # "module:function": the reason a longer function is clearer
 
 
-def long_functions(package: Path, limit: int = ONE_SCREEN) -> list[str]:
-    """Functions (methods included) of the package's modules longer than `limit` lines."""
-    return [f"{path.name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
-            for path in sorted(package.rglob("*.py")) for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > limit]
+def long_functions_in(source: str, module: str, limit: int = ONE_SCREEN) -> dict[str, int]:
+    """The functions (methods and nested functions included) of a module's source longer than `limit`
+    lines, as "module:qualified.name" -> lines."""
+    out: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = getattr(child, "name", None)
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = child.end_lineno - child.lineno + 1
+                if lines > limit:
+                    out[f"{module}:{prefix}{name}"] = lines
+            visit(child, f"{prefix}{name}." if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef
+                                                          | ast.ClassDef) else prefix)
+
+    visit(ast.parse(source), "")
+    return out
 
 
-def test_long_functions_are_found(tmp_path):
-    (tmp_path / "m.py").write_text("def short():\n    pass\n\n\ndef long():\n" + "    x = 1\n" * 60)
-    assert [row.split(" ", 1)[1] for row in long_functions(tmp_path)] == ["long (61 lines)"]
+def long_functions(root: Path = ROOT, package: str = "turnopd", limit: int = ONE_SCREEN) -> dict[str, int]:
+    """Every function of the package's modules longer than `limit` lines."""
+    return {key: lines for module, path in sorted(module_files(root).items())
+            if module == package or module.startswith(package + ".")
+            for key, lines in long_functions_in(path.read_text(), module, limit).items()}
 
 
-def test_every_orchestration_function_fits_one_screen():
-    assert long_functions(ROOT / "turnopd" / "orchestration") == []
+def test_long_functions_are_found():
+    source = ("def short():\n    pass\n\n\ndef long():\n" + "    x = 1\n" * 60
+              + "\n\nclass C:\n    def method(self):\n" + "        x = 1\n" * 60)
+    assert long_functions_in(source, "turnopd.m") == {"turnopd.m:long": 61, "turnopd.m:C.method": 61}
+    assert long_functions_in("def short():\n" + "    x = 1\n" * 59, "turnopd.m") == {}
+
+
+def test_every_function_fits_one_screen():
+    """Every function of turnopd/ fits one screen, but those LONG_FUNCTIONS names with a reason (and
+    each of those is still there and still long: a split one leaves the list)."""
+    found = long_functions()
+    assert sorted(set(found) - set(LONG_FUNCTIONS)) == []
+    assert sorted(set(LONG_FUNCTIONS) - set(found)) == []

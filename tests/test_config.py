@@ -3,7 +3,7 @@
 import pytest
 
 from turnopd.cli import main
-from turnopd.config import RecipeError
+from turnopd.config import RecipeError, RunConfig, Section, check_consistency
 from turnopd.orchestration.recipe import load_recipe
 
 BASE = """
@@ -83,6 +83,9 @@ def test_defaults_compose_in_order_then_overrides(recipes):
      "recipe key 'objective.reward_weight': 0.5 with estimator full, which reads hidden states"),
     (["loss.mode=constant"], "loss.mode=constant needs constant_k > 0"),
     (["env.name=webshop", "env.max_turns=15"], "no teacher for env 'webshop'"),
+    (["judge.memory=full"], "recipe key 'judge.memory': 'full' with judge.by=none"),
+    (["familiarity.mode=gate"], "recipe key 'familiarity.threshold': familiarity.mode=gate needs a threshold"),
+    (["student.lora.target_modules=[lm_head]"], "recipe key 'student.lora.target_modules': ['lm_head']"),
     (["trainer.steps"], "overrides must be key=value"),
 ])
 def test_bad_values_name_the_key(recipes, override, message):
@@ -119,3 +122,18 @@ def test_a_training_budget_in_each_unit_validates(recipes, unit):
     cfg = load_recipe(recipes / "base.yaml", [f"trainer.budget.unit={unit}", "trainer.budget.amount=1500"])
     assert (cfg.trainer.budget.unit, cfg.trainer.budget.amount) == (unit, 1500.0)
     assert load_recipe(recipes / "base.yaml").trainer.budget is None  # by default: all trainer.steps
+
+
+def test_check_consistency_runs_every_sections_rules(recipes, monkeypatch):
+    """Each section checks its own rules (Section.check); check_consistency runs them all, the
+    recipe's top-level keys last."""
+    cfg = load_recipe(recipes / "base.yaml")
+    checked = []
+    for section in cfg.sections():
+        monkeypatch.setattr(type(section), "check", lambda self, run: checked.append(type(self).__name__))
+    check_consistency(cfg)
+    sections = {type(value).__name__ for value in vars(cfg).values() if isinstance(value, Section)}
+    assert sorted(checked[:-1]) == sorted(sections) and checked[-1] == "RunConfig"  # each once, the run's keys last
+    assert {"EnvConfig", "StudentConfig", "ObjectiveConfig", "LossConfig", "FamiliarityConfig", "DepthConfig",
+            "TrainerConfig", "WorldModelRolloutConfig", "JudgeConfig"} <= sections
+    assert isinstance(cfg, RunConfig)

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from teachers import TeacherSpec, make_teacher, score_trajectories
-from teachers.base import TokenScores
+from teachers.base import Teacher, TokenScores
 from tests.trainer.helpers import configs, random_trajectories, reference_loss, reference_weights
 from turnopd.algorithm.familiarity import (
     entropy_from_logprobs,
@@ -85,7 +85,7 @@ def test_span_signals_and_mask_spans_by_hand():
 
 
 def test_scoring_from_a_top_k_gives_the_tail_entropy():
-    class TopkTeacher:  # a teacher whose scores carry top-k and no entropy, as vLLM's (tested for real there)
+    class TopkTeacher(Teacher):  # a teacher whose scores carry top-k and no entropy, as vLLM's (tested for real there)
         name, tokenizer, max_length = "topk", None, 100
 
         def score(self, sequences, topk=0):

@@ -14,6 +14,7 @@ from envs.autoresearch.env import job_report
 from envs.autoresearch.spec import AutoresearchSpec
 from envs.base import PromptContext
 from teachers import TeacherSpec, make_teacher
+from teachers.base import Teacher
 from turnopd.algorithm.judge import (
     Attempt,
     Decision,
@@ -26,7 +27,7 @@ from turnopd.algorithm.judge import (
 )
 from turnopd.config import EnvConfig, RecipeError
 from turnopd.orchestration.recipe import load_recipe
-from turnopd.rollout.base import Generation, SamplingParams
+from turnopd.rollout.base import Generation, Policy, SamplingParams
 from turnopd.rollout.judge import (
     MEMORY_FILE,
     Judge,
@@ -133,7 +134,7 @@ def test_attempts_are_read_from_the_env_reports() -> None:
                    Attempt("digits-mlp-s0", "set width 64", 81.25, 70.0, False, (3, 2))]
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(Policy):
     """Answers each request with the next scripted text (candidate order): a stand-in for sampling,
     beside the real judge below and the real distillation runs (tests/test_world_model_autoresearch.py)."""
 
@@ -186,7 +187,7 @@ def test_a_turn_runs_the_judges_pick_among_distinct_valid_candidates() -> None:
     assert judge.stats.turns == 3
 
 
-class RecordingTeacher:
+class RecordingTeacher(Teacher):
     """Wraps a real teacher, keeping the texts it was asked to judge."""
 
     def __init__(self, teacher):

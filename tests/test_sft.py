@@ -34,7 +34,7 @@ from turnopd.orchestration.sft import (
     load_sft_recipe,
     run_sft,
 )
-from turnopd.rollout import Generation, SamplingParams
+from turnopd.rollout import Generation, Policy, SamplingParams
 from turnopd.rollout.engine import rollout
 
 # ---- a small in-process env: walk to desk 1, 2, ..., n in order --------------------------------
@@ -100,7 +100,7 @@ class WalkSpec:
                 f"Actions: {', '.join(ctx.admissible or [])}. ({ctx.answer_format})")
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(Policy):
     """Answers each prompt with the expert's next action of its episode (found by the task in it)."""
 
     weight_version = 0

@@ -47,6 +47,15 @@ def _registered(kind: str) -> dict[str, Any]:
     return {"registry": kind}
 
 
+class Section:
+    """A recipe section. `check` holds the section's cross-field rules, those a per-field check cannot
+    see (a rule spanning sections is the section's whose key its message names); check_consistency
+    runs every section's. The rules that need the backends' registries are turnopd.orchestration.recipe's."""
+
+    def check(self, run: RunConfig) -> None:
+        """Raise a RecipeError naming this section's key when `run` breaks one of its rules."""
+
+
 def algorithm_registries() -> dict[str, Registry]:
     """The registries of the algorithm layer, by kind. Imported when a recipe is validated, not with
     this module: env workers unpickle an EnvConfig, and should not load torch for it."""
@@ -72,7 +81,7 @@ class RayEnvConfig:
 
 
 @dataclass
-class EnvConfig:
+class EnvConfig(Section):
     name: str = field(default="alfworld", metadata=_registered("env"))
     train_split: str = "train"
     eval_split: str = "valid_unseen"  # held-out split; several joined by "+" (e.g. valid_unseen+valid_seen)
@@ -96,6 +105,17 @@ class EnvConfig:
     task_types: list[str] = field(default_factory=list)  # empty: all task types of the split
     max_tasks: int | None = None  # first N tasks of the split (after task_types), None: all
     options: dict[str, Any] = field(default_factory=dict)  # env-specific settings
+
+    def check(self, run: RunConfig) -> None:
+        if self.step_latency_s >= self.step_timeout_s:
+            raise RecipeError(f"recipe key 'env.step_latency_s'={self.step_latency_s} must be below "
+                              f"'env.step_timeout_s'={self.step_timeout_s}: every step would time out")
+        if self.pool == "inline" and self.step_latency_s:
+            raise RecipeError("recipe key 'env.step_latency_s' with env.pool=inline: inline env workers answer in "
+                              "the caller's thread, so a latency would stall every episode; use env.pool=local")
+        if self.pool == "ray" and importlib.util.find_spec("ray") is None:
+            raise RecipeError("recipe key 'env.pool': 'ray' needs the ray package, which is not installed: "
+                              "pip install 'turnopd[ray]' (or env.pool=local)")
 
 
 @dataclass
@@ -123,8 +143,15 @@ class LoraConfig:
 
 
 @dataclass
-class StudentConfig(ModelConfig):
+class StudentConfig(ModelConfig, Section):
     lora: LoraConfig | None = None  # None: full fine-tuning
+
+    def check(self, run: RunConfig) -> None:
+        lora = self.lora
+        if lora is not None and (not lora.target_modules or {"lm_head", "embed_tokens"} & set(lora.target_modules)):
+            raise RecipeError(f"recipe key 'student.lora.target_modules': {lora.target_modules}; name the "
+                              "decoder's linear layers (or all-linear): the trainer reads the output head and the "
+                              "embedding as plain weights, so an adapter on them would be ignored")
 
 
 @dataclass
@@ -141,7 +168,7 @@ class PolicyConfig:
 
 
 @dataclass
-class ObjectiveConfig:
+class ObjectiveConfig(Section):
     estimator: str = field(default="k1", metadata=_registered("estimator"))
     kind: str = "reverse"  # reverse | forward | jsd, as the estimator allows (checked by check_consistency)
     jsd_beta: float = field(default=0.5, metadata=_range(0.0, 1.0))
@@ -162,9 +189,44 @@ class ObjectiveConfig:
     reward_weight: float = field(default=0.0, metadata=_range(0.0))
     advantage: str = field(default="grpo", metadata=_registered("advantage"))
 
+    def check(self, run: RunConfig) -> None:
+        if self.reward_weight > 0 and run.trainer.group_size < 2:
+            raise RecipeError(f"recipe key 'objective.reward_weight': {self.reward_weight} with "
+                              "trainer.group_size=1: a group-normalised advantage of a lone episode is 0; set "
+                              "trainer.group_size >= 2")
+        estimators = algorithm_registries()["estimator"]
+        est = estimators.get(self.estimator)
+        if not est.uses_teacher:
+            raise RecipeError(f"recipe key 'objective.estimator': {self.estimator!r} ignores the teacher (supervised "
+                              "fine-tuning on the batch's own tokens, what `turnopd sft` trains with); distillation "
+                              f"needs one of {', '.join(n for n in estimators.names() if estimators.get(n).uses_teacher)}")
+        if self.kind not in est.kinds:
+            raise RecipeError(f"recipe key 'objective.kind': {self.kind!r} is not allowed with estimator "
+                              f"{self.estimator}; allowed: {', '.join(est.kinds)} (topk and full take reverse, "
+                              "forward or jsd)")
+        if self.kind == "jsd" and not 0.0 < self.jsd_beta < 1.0:
+            raise RecipeError(f"recipe key 'objective.jsd_beta': {self.jsd_beta}; kind=jsd needs 0 < beta < 1")
+        self._check_ratio(est, ", ".join(n for n in estimators.names() if estimators.get(n).needs_sampling_logprobs))
+
+    def _check_ratio(self, est: Any, with_ratio: str) -> None:
+        """The keys that act on the estimator's importance ratio or read its sampled log-prob."""
+        if self.dual_clip is not None and (self.dual_clip <= 1 or not est.needs_sampling_logprobs):
+            raise RecipeError(f"recipe key 'objective.dual_clip': {self.dual_clip}; it needs c > 1 and an estimator "
+                              f"with an importance ratio ({with_ratio}), got {self.estimator}")
+        if self.behave_weight_cap is not None and not est.has_behaviour_weight:
+            raise RecipeError(f"recipe key 'objective.behave_weight_cap': {self.behave_weight_cap}; it caps the "
+                              f"behaviour weight pi_prox / pi_behave of k1_decoupled, and {self.estimator} has none")
+        if self.reward_weight > 0 and est.needs_teacher_model:
+            raise RecipeError(f"recipe key 'objective.reward_weight': {self.reward_weight} with estimator "
+                              f"{self.estimator}, which reads hidden states, not the sampled token's log-prob the "
+                              "reward term needs; use k1, k1_proximal, k1_decoupled, k3 or topk")
+        if self.clip_eps is not None and not est.needs_sampling_logprobs:
+            raise RecipeError(f"recipe key 'objective.clip_eps': {self.clip_eps}; it clips the importance ratio of "
+                              f"an estimator that has one ({with_ratio}), and {self.estimator} has none")
+
 
 @dataclass
-class LossConfig:
+class LossConfig(Section):
     mode: str = field(default="progressive", metadata=_registered("loss mode"))
     # the k of loss.mode constant and constant_token_mean, in turns (AsyncWebRL's step_adv_const_length
     # counts steps: 10 in its configs)
@@ -173,9 +235,17 @@ class LossConfig:
     alpha_start: float = field(default=0.0, metadata=_range(0.0, 1.0))
     alpha_end: float = field(default=1.0, metadata=_range(0.0, 1.0))
 
+    def check(self, run: RunConfig) -> None:
+        if self.mode in ("constant", "constant_token_mean") and (self.constant_k is None or self.constant_k <= 0):
+            raise RecipeError(f"recipe key 'loss.constant_k': {self.constant_k!r}; loss.mode={self.mode} needs "
+                              "constant_k > 0 (in turns)")
+        if self.alpha_schedule != "constant" and self.alpha_end <= self.alpha_start:
+            raise RecipeError(f"recipe keys 'loss.alpha_start'={self.alpha_start} and 'loss.alpha_end'="
+                              f"{self.alpha_end}: need alpha_end > alpha_start")
+
 
 @dataclass
-class FamiliarityConfig:
+class FamiliarityConfig(Section):
     """Where the teacher is guessing (turnopd.algorithm.familiarity): every run logs the signals per
     turn (unless `signals` is false); `mode` weight or gate also scales each turn's KL weight by its `signal`."""
 
@@ -190,9 +260,18 @@ class FamiliarityConfig:
     # its head out at every context token (most of the tokens of one-turn prompts); mode none only
     signals: bool = True
 
+    def check(self, run: RunConfig) -> None:
+        if self.mode != "none" and not self.signals:
+            raise RecipeError(f"recipe key 'familiarity.signals': false with familiarity.mode={self.mode}, which "
+                              f"scales each turn's weight by its {self.signal}: the signals are needed")
+        if self.mode != "none" and self.threshold is None:
+            raise RecipeError(f"recipe key 'familiarity.threshold': familiarity.mode={self.mode} needs a threshold "
+                              f"in the units of familiarity.signal={self.signal} (`turnopd teacher audit RECIPE` "
+                              "prints its quantiles on student states)")
+
 
 @dataclass
-class DepthConfig:
+class DepthConfig(Section):
     mode: str = field(default="adaptive", metadata=_registered("depth mode"))
     h_min: int = field(default=2, metadata=_range(1))  # the horizon (H_max) is env.max_turns
     quantile: float = field(default=0.8, metadata=_range(0.0, 1.0))
@@ -212,6 +291,20 @@ class DepthConfig:
     # optimizer steps) or 1 (TCOD's explorer steps, batch_id = explore_step_num + 1)
     curriculum_first_step: int = field(default=0, metadata=_choices(0, 1))
 
+    def check(self, run: RunConfig) -> None:
+        horizon, episodes = run.env.max_turns, run.trainer.episodes_per_step
+        if self.h_min > horizon:
+            raise RecipeError(f"recipe key 'depth.h_min'={self.h_min} exceeds the horizon 'env.max_turns'={horizon}; "
+                              f"set depth.h_min={horizon} or lower")
+        if self.ema == 0:
+            raise RecipeError("recipe key 'depth.ema': 0 would never move the cap; need 0 < ema <= 1")
+        if self.mode == "fixed" and (self.fixed_cap is None or not 1 <= self.fixed_cap <= horizon):
+            raise RecipeError(f"recipe key 'depth.fixed_cap': {self.fixed_cap!r}; depth.mode=fixed needs 1 <= "
+                              f"fixed_cap <= env.max_turns={horizon}")
+        if self.probe_fraction is not None and round(self.probe_fraction * episodes) < 1:
+            raise RecipeError(f"recipe key 'depth.probe_fraction': {self.probe_fraction} of "
+                              f"trainer.episodes_per_step={episodes} rounds to no probe a step; raise it or the episodes")
+
 
 @dataclass
 class BudgetConfig:
@@ -226,7 +319,7 @@ class BudgetConfig:
 
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(Section):
     steps: int = field(default=100, metadata=_range(1))  # optimizer steps K
     episodes_per_step: int = field(default=16, metadata=_range(1))
     # episodes of one task in a step's batch (a pool wave's): GRPO's group, what objective.reward_weight's
@@ -252,6 +345,23 @@ class TrainerConfig:
     # in batch order; None: one update on the step's whole batch
     turn_rows_per_update: int | None = field(default=None, metadata=_range(1))
     budget: BudgetConfig | None = None  # None: train all `steps`
+
+    def check(self, run: RunConfig) -> None:
+        if self.budget is not None and not self.budget.amount > 0:
+            raise RecipeError(f"recipe key 'trainer.budget.amount': {self.budget.amount}; a budget of "
+                              f"{self.budget.unit} needs an amount > 0 (or trainer.budget: null for all trainer.steps)")
+        if self.episodes_per_step % self.group_size:
+            raise RecipeError(f"recipe key 'trainer.group_size': {self.group_size} does not divide "
+                              f"trainer.episodes_per_step={self.episodes_per_step}: a step's batch is whole groups "
+                              "of one task each")
+        if self.turn_rows_per_update is not None and (self.lr_schedule != "constant" or self.lr_warmup_steps > 0):
+            raise RecipeError(f"recipe key 'trainer.turn_rows_per_update': {self.turn_rows_per_update} with "
+                              f"trainer.lr_schedule={self.lr_schedule} and lr_warmup_steps={self.lr_warmup_steps}; "
+                              "the schedule counts optimizer updates, whose number per step grows with the turns "
+                              "played: use a constant lr without warm-up")
+        if run.student.lora is not None and self.zero_stage == 3:
+            raise RecipeError("recipe key 'trainer.zero_stage': 3 with student.lora; a LoRA student trains under "
+                              "ZeRO 0-2 (its adapter is small: partitioning the frozen base buys nothing)")
 
 
 @dataclass
@@ -288,29 +398,10 @@ class PipelineConfig:
 
 
 @dataclass
-class WorldModelRolloutConfig:
+class WorldModelRolloutConfig(Section):
     """World-model rollouts (turnopd.rollout.world_model_pool): a model written by `turnopd world-model
     train` answers the env steps of most training episodes; null `path`: every episode plays the real
-    env. Probes (the depth controller's success and KL) and evaluations always play the real env; of
-    the other episodes a seeded `real_fraction` does too, and the model's verdict on those measures
-    its bias (Online Debiasing of the logged success rate). `verdict` is how the model judges a real
-    episode: "last_turn" takes the share of won answers to the episode's real last transition (one
-    step's error); "replay" plays the episode's actions in the model from its first observation,
-    alongside the episode, and takes the model's ending (the drift of the model's own histories
-    under the real actions; on ALFWorld it measured the same ~0 bias at more model steps); "twin"
-    has the student play the same task in the model beside it (from its real reset, with its
-    sampling streams) and takes the twin's ending, so the bias is the model episodes' own, closed
-    loop included (one model episode, not trained on, per real one).
-    Each model step samples `samples` answers at `temperature` and plays the first; with samples >= 2
-    their disagreement sets each trajectory's loss weight (Inverse-Variance Denoising,
-    `variance_floor` its eps).
-    `debias` and `denoise` choose each correction's form (turnopd.algorithm.world_model_corrections):
-    ppi (the prediction-powered mean of the logged success) or isotonic (WMRL's monotone map through
-    which every model score goes, the reward term's included); trajectory_variance (the above) or
-    anchor_weight (WMRL's up-weight of the groups the real env graded). With isotonic or anchor_weight
-    the real episodes are WMRL's anchor groups (`anchor_fraction` of a step's trainer.group_size
-    groups, at least `anchor_min_groups`, at most `anchor_max_concurrent`), not a per-episode
-    `real_fraction` draw."""
+    env. The keys (verdicts, corrections, anchor groups): docs/world-models.md, "In distillation"."""
 
     path: str | None = None
     real_fraction: float = field(default=0.25, metadata=_range(0.0, 1.0))
@@ -337,9 +428,29 @@ class WorldModelRolloutConfig:
         """Whether the real episodes are WMRL's anchor groups (a WMRL correction needs them)."""
         return self.debias == "isotonic" or self.denoise == "anchor_weight"
 
+    def check(self, run: RunConfig) -> None:
+        if self.path is None:
+            return
+        if run.pipeline.mode != "sync":
+            raise RecipeError(f"recipe key 'world_model.path' with pipeline.mode={run.pipeline.mode}: world-model "
+                              "rollouts play in the training process (pipeline.mode: sync); the generator process "
+                              "of the asynchronous modes does not load the world model")
+        if self.anchors and self.anchor_fraction == 0 and self.anchor_min_groups == 0:
+            raise RecipeError("recipe key 'world_model.anchor_fraction': 0 with anchor_min_groups=0 leaves no anchor "
+                              f"group (real env) to fit debias={self.debias} / denoise={self.denoise} on; use a "
+                              "share above 0")
+        if not self.anchors and self.real_fraction == 0:
+            raise RecipeError("recipe key 'world_model.real_fraction': 0 leaves no real training episode to measure "
+                              "the world model's bias on (Online Debiasing); use a share above 0, or "
+                              "world_model.path: null for real rollouts only")
+        if self.denoise == "anchor_weight" and run.trainer.group_size < 2:
+            raise RecipeError("recipe key 'world_model.denoise': 'anchor_weight' measures the world model's "
+                              "disagreement within a group of one task, and trainer.group_size=1 makes every group "
+                              "one episode; set trainer.group_size >= 2")
+
 
 @dataclass
-class JudgeConfig:
+class JudgeConfig(Section):
     """Judge before you run (turnopd.rollout.judge; Rehearse, arXiv 2607.27687): in each real training
     episode the policy samples `k` candidate actions a turn (the turn's own sample, then k - 1 at
     `temperature`), a judge compares the distinct valid ones pairwise in both orders and votes only
@@ -358,9 +469,25 @@ class JudgeConfig:
     similarity_threshold: float = field(default=0.5, metadata=_range(0.0, 1.0))
     memory_limit: int = field(default=5, metadata=_range(1))  # Rehearse's at most 5 lines
 
+    def check(self, run: RunConfig) -> None:
+        if self.by != "none" and run.pipeline.mode != "sync":
+            raise RecipeError(f"recipe key 'judge.by': {self.by!r} with pipeline.mode={run.pipeline.mode}: the judge "
+                              "decides in the training process's episodes (pipeline.mode: sync), where its teacher "
+                              "or world model is loaded")
+        if self.by == "world_model" and run.world_model.path is None:
+            raise RecipeError("recipe key 'judge.by': 'world_model' needs a world model: set world_model.path (with "
+                              "world_model.real_fraction: 1 for a judge that is the model's only use)")
+        if self.by in ("world_model", "teacher_policy") and self.memory != "none":
+            raise RecipeError(f"recipe key 'judge.memory': {self.memory!r} with judge.by={self.by}: its prompt (the "
+                              "world model's transition, the agent's own prompt) has no place for memory lines; use "
+                              "judge.by=teacher for a judge with memory")
+        if self.by == "none" and self.memory != "none":
+            raise RecipeError(f"recipe key 'judge.memory': {self.memory!r} with judge.by=none: there is no judge to "
+                              "read it; set judge.by=teacher (the judge that reads memory lines)")
+
 
 @dataclass
-class RunConfig:
+class RunConfig(Section):
     name: str = MISSING
     seed: int = 0
     output_dir: str = "runs"
@@ -382,6 +509,27 @@ class RunConfig:
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     # experiment trackers beside metrics.jsonl, any of turnopd.core.tracking's (tensorboard, wandb, mlflow)
     tracking: list[str] = field(default_factory=lambda: ["tensorboard"], metadata=_registered("tracker"))
+
+    def sections(self) -> list[Section]:
+        """The sections that check rules, in the order of CHECKED_SECTIONS, then the recipe itself (its
+        top-level keys)."""
+        return [*(getattr(self, name) for name in CHECKED_SECTIONS), self]
+
+    def check(self, run: RunConfig) -> None:
+        """The top-level keys: a teacher for the env, and the packages of the trackers."""
+        if run.env.name not in run.teachers:
+            raise RecipeError(f"recipe key 'teachers': no teacher for env {run.env.name!r}; "
+                              f"set teachers.{run.env.name}=<path to teacher.yaml>")
+        for name in run.tracking:
+            package = TRACKERS.get(name).package
+            if importlib.util.find_spec(package) is None:
+                raise RecipeError(f"recipe key 'tracking': {name!r} needs the {package} package, which is not "
+                                  f"installed: pip install '{TRACKING_EXTRA}' (or leave {name} out of tracking)")
+
+
+# The sections check_consistency asks, in this order: the first rule a recipe breaks is the one named
+# (the order the rules had in one function, section by section).
+CHECKED_SECTIONS = ("depth", "trainer", "env", "world_model", "judge", "objective", "loss", "familiarity", "student")
 
 
 def _load_yaml_with_defaults(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
@@ -449,134 +597,10 @@ def _check_allowed(obj: Any, registries: Mapping[str, Registry], prefix: str = "
 
 
 def check_consistency(cfg: RunConfig) -> None:
-    """Cross-field rules of a distillation recipe that a per-field check cannot see (those that need
-    the backends' registries are turnopd.orchestration.recipe's)."""
-    d, horizon = cfg.depth, cfg.env.max_turns
-    if d.h_min > horizon:
-        raise RecipeError(f"recipe key 'depth.h_min'={d.h_min} exceeds the horizon 'env.max_turns'={horizon}; "
-                          f"set depth.h_min={horizon} or lower")
-    if d.ema == 0:
-        raise RecipeError("recipe key 'depth.ema': 0 would never move the cap; need 0 < ema <= 1")
-    if d.mode == "fixed" and (d.fixed_cap is None or not 1 <= d.fixed_cap <= horizon):
-        raise RecipeError(f"recipe key 'depth.fixed_cap': {d.fixed_cap!r}; depth.mode=fixed needs 1 <= fixed_cap <= "
-                          f"env.max_turns={horizon}")
-    if d.probe_fraction is not None and round(d.probe_fraction * cfg.trainer.episodes_per_step) < 1:
-        raise RecipeError(f"recipe key 'depth.probe_fraction': {d.probe_fraction} of trainer.episodes_per_step="
-                          f"{cfg.trainer.episodes_per_step} rounds to no probe a step; raise it or the episodes")
-    budget = cfg.trainer.budget
-    if budget is not None and not budget.amount > 0:
-        raise RecipeError(f"recipe key 'trainer.budget.amount': {budget.amount}; a budget of {budget.unit} needs an "
-                          "amount > 0 (or trainer.budget: null for all trainer.steps)")
-    if cfg.env.step_latency_s >= cfg.env.step_timeout_s:
-        raise RecipeError(f"recipe key 'env.step_latency_s'={cfg.env.step_latency_s} must be below "
-                          f"'env.step_timeout_s'={cfg.env.step_timeout_s}: every step would time out")
-    wm = cfg.world_model
-    if wm.path is not None and cfg.pipeline.mode != "sync":
-        raise RecipeError(f"recipe key 'world_model.path' with pipeline.mode={cfg.pipeline.mode}: world-model "
-                          "rollouts play in the training process (pipeline.mode: sync); the generator process "
-                          "of the asynchronous modes does not load the world model")
-    if wm.path is not None and wm.anchors and wm.anchor_fraction == 0 and wm.anchor_min_groups == 0:
-        raise RecipeError("recipe key 'world_model.anchor_fraction': 0 with anchor_min_groups=0 leaves no anchor "
-                          f"group (real env) to fit debias={wm.debias} / denoise={wm.denoise} on; use a share above 0")
-    if wm.path is not None and not wm.anchors and wm.real_fraction == 0:
-        raise RecipeError("recipe key 'world_model.real_fraction': 0 leaves no real training episode to measure "
-                          "the world model's bias on (Online Debiasing); use a share above 0, or world_model.path: "
-                          "null for real rollouts only")
-    judge = cfg.judge
-    if judge.by != "none" and cfg.pipeline.mode != "sync":
-        raise RecipeError(f"recipe key 'judge.by': {judge.by!r} with pipeline.mode={cfg.pipeline.mode}: the judge "
-                          "decides in the training process's episodes (pipeline.mode: sync), where its teacher or "
-                          "world model is loaded")
-    if judge.by == "world_model" and wm.path is None:
-        raise RecipeError("recipe key 'judge.by': 'world_model' needs a world model: set world_model.path (with "
-                          "world_model.real_fraction: 1 for a judge that is the model's only use)")
-    if judge.by in ("world_model", "teacher_policy") and judge.memory != "none":
-        raise RecipeError(f"recipe key 'judge.memory': {judge.memory!r} with judge.by={judge.by}: its prompt (the "
-                          "world model's transition, the agent's own prompt) has no place for memory lines; use "
-                          "judge.by=teacher for a judge with memory")
-    if judge.by == "none" and judge.memory != "none":
-        raise RecipeError(f"recipe key 'judge.memory': {judge.memory!r} with judge.by=none: there is no judge to "
-                          "read it; set judge.by=teacher (the judge that reads memory lines)")
-    group = cfg.trainer.group_size
-    if cfg.trainer.episodes_per_step % group:
-        raise RecipeError(f"recipe key 'trainer.group_size': {group} does not divide trainer.episodes_per_step="
-                          f"{cfg.trainer.episodes_per_step}: a step's batch is whole groups of one task each")
-    if wm.path is not None and wm.denoise == "anchor_weight" and group < 2:
-        raise RecipeError("recipe key 'world_model.denoise': 'anchor_weight' measures the world model's "
-                          "disagreement within a group of one task, and trainer.group_size=1 makes every group "
-                          "one episode; set trainer.group_size >= 2")
-    if cfg.objective.reward_weight > 0 and group < 2:
-        raise RecipeError(f"recipe key 'objective.reward_weight': {cfg.objective.reward_weight} with "
-                          "trainer.group_size=1: a group-normalised advantage of a lone episode is 0; set "
-                          "trainer.group_size >= 2")
-    if cfg.loss.mode in ("constant", "constant_token_mean") and (cfg.loss.constant_k is None or cfg.loss.constant_k <= 0):
-        raise RecipeError(f"recipe key 'loss.constant_k': {cfg.loss.constant_k!r}; loss.mode={cfg.loss.mode} needs "
-                          "constant_k > 0 (in turns)")
-    t = cfg.trainer
-    if t.turn_rows_per_update is not None and (t.lr_schedule != "constant" or t.lr_warmup_steps > 0):
-        raise RecipeError(f"recipe key 'trainer.turn_rows_per_update': {t.turn_rows_per_update} with trainer.lr_schedule="
-                          f"{t.lr_schedule} and lr_warmup_steps={t.lr_warmup_steps}; the schedule counts optimizer "
-                          "updates, whose number per step grows with the turns played: use a constant lr without warm-up")
-    if cfg.loss.alpha_schedule != "constant" and cfg.loss.alpha_end <= cfg.loss.alpha_start:
-        raise RecipeError(f"recipe keys 'loss.alpha_start'={cfg.loss.alpha_start} and 'loss.alpha_end'="
-                          f"{cfg.loss.alpha_end}: need alpha_end > alpha_start")
-    estimators = algorithm_registries()["estimator"]
-    o, est = cfg.objective, estimators.get(cfg.objective.estimator)
-    if not est.uses_teacher:
-        raise RecipeError(f"recipe key 'objective.estimator': {o.estimator!r} ignores the teacher (supervised "
-                          "fine-tuning on the batch's own tokens, what `turnopd sft` trains with); distillation "
-                          f"needs one of {', '.join(n for n in estimators.names() if estimators.get(n).uses_teacher)}")
-    if o.kind not in est.kinds:
-        raise RecipeError(f"recipe key 'objective.kind': {o.kind!r} is not allowed with estimator {o.estimator}; "
-                          f"allowed: {', '.join(est.kinds)} (topk and full take reverse, forward or jsd)")
-    if o.kind == "jsd" and not 0.0 < o.jsd_beta < 1.0:
-        raise RecipeError(f"recipe key 'objective.jsd_beta': {o.jsd_beta}; kind=jsd needs 0 < beta < 1")
-    with_ratio = ", ".join(n for n in estimators.names() if estimators.get(n).needs_sampling_logprobs)
-    if o.dual_clip is not None and (o.dual_clip <= 1 or not est.needs_sampling_logprobs):
-        raise RecipeError(f"recipe key 'objective.dual_clip': {o.dual_clip}; it needs c > 1 and an estimator with an "
-                          f"importance ratio ({with_ratio}), got {o.estimator}")
-    if o.behave_weight_cap is not None and not est.has_behaviour_weight:
-        raise RecipeError(f"recipe key 'objective.behave_weight_cap': {o.behave_weight_cap}; it caps the behaviour "
-                          f"weight pi_prox / pi_behave of k1_decoupled, and {o.estimator} has none")
-    if o.reward_weight > 0 and est.needs_teacher_model:
-        raise RecipeError(f"recipe key 'objective.reward_weight': {o.reward_weight} with estimator {o.estimator}, "
-                          "which reads hidden states, not the sampled token's log-prob the reward term needs; use "
-                          "k1, k1_proximal, k1_decoupled, k3 or topk")
-    if o.clip_eps is not None and not est.needs_sampling_logprobs:
-        raise RecipeError(f"recipe key 'objective.clip_eps': {o.clip_eps}; it clips the importance ratio of an "
-                          f"estimator that has one ({with_ratio}), and {o.estimator} has none")
-    fam = cfg.familiarity
-    if fam.mode != "none" and not fam.signals:
-        raise RecipeError(f"recipe key 'familiarity.signals': false with familiarity.mode={fam.mode}, which scales "
-                          f"each turn's weight by its {fam.signal}: the signals are needed")
-    if fam.mode != "none" and fam.threshold is None:
-        raise RecipeError(f"recipe key 'familiarity.threshold': familiarity.mode={fam.mode} needs a threshold in "
-                          f"the units of familiarity.signal={fam.signal} (`turnopd teacher audit RECIPE` prints "
-                          "its quantiles on student states)")
-    lora = cfg.student.lora
-    if lora is not None:
-        if cfg.trainer.zero_stage == 3:
-            raise RecipeError("recipe key 'trainer.zero_stage': 3 with student.lora; a LoRA student trains under "
-                              "ZeRO 0-2 (its adapter is small: partitioning the frozen base buys nothing)")
-        heads = sorted({"lm_head", "embed_tokens"} & set(lora.target_modules))
-        if heads or not lora.target_modules:
-            raise RecipeError(f"recipe key 'student.lora.target_modules': {lora.target_modules}; name the "
-                              "decoder's linear layers (or all-linear): the trainer reads the output head and the "
-                              "embedding as plain weights, so an adapter on them would be ignored")
-    if cfg.env.name not in cfg.teachers:
-        raise RecipeError(f"recipe key 'teachers': no teacher for env {cfg.env.name!r}; "
-                          f"set teachers.{cfg.env.name}=<path to teacher.yaml>")
-    if cfg.env.pool == "inline" and cfg.env.step_latency_s:
-        raise RecipeError("recipe key 'env.step_latency_s' with env.pool=inline: inline env workers answer in the "
-                          "caller's thread, so a latency would stall every episode; use env.pool=local")
-    if cfg.env.pool == "ray" and importlib.util.find_spec("ray") is None:
-        raise RecipeError("recipe key 'env.pool': 'ray' needs the ray package, which is not installed: "
-                          "pip install 'turnopd[ray]' (or env.pool=local)")
-    for name in cfg.tracking:
-        package = TRACKERS.get(name).package
-        if importlib.util.find_spec(package) is None:
-            raise RecipeError(f"recipe key 'tracking': {name!r} needs the {package} package, which is not "
-                              f"installed: pip install '{TRACKING_EXTRA}' (or leave {name} out of tracking)")
+    """Cross-field rules of a distillation recipe that a per-field check cannot see: each section's own
+    (Section.check; those that need the backends' registries are turnopd.orchestration.recipe's)."""
+    for section in cfg.sections():
+        section.check(cfg)
 
 
 def validate(cfg: DictConfig, schema: type = RunConfig,

@@ -17,6 +17,7 @@ import torch
 from envs.webshop.screenshot import CELL_H, CELL_W, Screen, draw_lines
 from turnopd.core.text import expand_placeholders
 from turnopd.engines.hf_models import image_tokens_of
+from turnopd.engines.screens import screen_image
 from turnopd.models import vlm
 
 # Small but the real shapes: a 576 x 576 screen in 24 x 24 patches; text head size 64 (in tiny.HEAD_DIMS).
@@ -84,7 +85,7 @@ def test_each_image_placeholder_stands_for_one_token_per_patch(loaded) -> None:
     text = processor.tokenizer.apply_chat_template([{"role": "user", "content": vlm.TRANSCRIBE_PROMPT}],
                                                    add_generation_prompt=True, tokenize=False)
     two = f"{vlm.IMAGE_TOKEN} left, {vlm.IMAGE_TOKEN} right"
-    by_processor = processor(text=[text, two], images=[vlm.screen_image(screen)] * 3, return_tensors="pt", padding=True)
+    by_processor = processor(text=[text, two], images=[screen_image(screen)] * 3, return_tensors="pt", padding=True)
     assert by_processor["input_ids"][0][: len(prompt)].tolist() == prompt
     two_ids = expand_placeholders(processor.tokenizer.encode(two, add_special_tokens=False),
                                   model.config.image_token_index, per_screen)
@@ -213,7 +214,7 @@ def test_vllm_generates_from_a_screen_as_transformers_does(pages, vlm_dir: Path,
                                      add_generation_prompt=True, tokenize=False)
     greedy = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     for page in pages[:2]:
-        out = llm.generate({"prompt": prompt, "multi_modal_data": {"image": vlm.screen_image(page.pixels)}}, greedy)[0]
+        out = llm.generate({"prompt": prompt, "multi_modal_data": {"image": screen_image(page.pixels)}}, greedy)[0]
         assert list(out.prompt_token_ids) == prompt_ids  # vLLM expands <image> as the processor does
         with torch.no_grad():
             expected = model.generate(input_ids=torch.tensor([prompt_ids]),
@@ -233,7 +234,7 @@ def test_vllm_generates_from_a_screen_as_transformers_does(pages, vlm_dir: Path,
     want = [logp[p - 1, ids[p]].item() for p in range(len(prompt_ids), len(ids))]
     one_placeholder = tok.apply_chat_template([{"role": "user", "content": vlm.TRANSCRIBE_PROMPT}],
                                               add_generation_prompt=True, tokenize=True)["input_ids"] + answer
-    out = llm.generate({"prompt_token_ids": one_placeholder, "multi_modal_data": {"image": vlm.screen_image(page.pixels)}},
+    out = llm.generate({"prompt_token_ids": one_placeholder, "multi_modal_data": {"image": screen_image(page.pixels)}},
                        SamplingParams(max_tokens=1, prompt_logprobs=0))[0]
     assert list(out.prompt_token_ids) == ids
     got = [out.prompt_logprobs[p][ids[p]].logprob for p in range(len(prompt_ids), len(ids))]

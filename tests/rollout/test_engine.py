@@ -16,7 +16,7 @@ from tests.doubles import InProcessPool
 from turnopd.config import EnvConfig, PolicyConfig
 from turnopd.core.ledger import Ledger
 from turnopd.orchestration.pipeline.plan import episode_turn_limits
-from turnopd.rollout import POLICY_BACKENDS, Generation, SamplingParams
+from turnopd.rollout import POLICY_BACKENDS, Generation, Policy, SamplingParams
 from turnopd.rollout.completion import PromptTooLongError
 from turnopd.rollout.engine import POLICY_SAMPLE, rollout
 from turnopd.rollout.render import chat_prompt_ids
@@ -68,7 +68,7 @@ class CounterSpec:
         return f"goal={ctx.task} step={ctx.step} obs={ctx.observation} history={ctx.history} admissible={ctx.admissible}"
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(Policy):
     """Answers from the task's pattern, read back from the prompt text; counts the requests of each turn."""
 
     def __init__(self, tokenizer, max_model_len: int = 4096):

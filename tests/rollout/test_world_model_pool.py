@@ -15,12 +15,12 @@ from envs import make_env_spec
 from envs.pool import EnvPool
 from turnopd.config import EnvConfig
 from turnopd.core.types import Trajectory, Turn
-from turnopd.rollout import Generation, SamplingParams
+from turnopd.rollout import Generation, Policy, SamplingParams
 from turnopd.rollout.engine import rollout
 from turnopd.rollout.world_model_pool import NO_STATUS, WorldModelPool, listed, trace_of
 
 
-class ScriptedWorldModel:
+class ScriptedWorldModel(Policy):
     """Answers each request with the next of `answers`; records the prompts (as text) and seeds."""
 
     weight_version = 0

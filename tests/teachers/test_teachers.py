@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from teachers import (
+    TEACHER_BACKENDS,
     TeacherServerError,
     TeacherSpec,
     TeacherSpecError,
@@ -24,6 +25,7 @@ from teachers import (
     score_trajectories,
     server_command,
 )
+from teachers.base import Teacher
 from turnopd.core.types import Trajectory, Turn, trajectory_sequences
 from turnopd.models.tiny import build_tiny_model, build_tokenizer
 
@@ -88,7 +90,7 @@ def windowed_trajectory(vocab: int, turns: int, seed: int, env: str = "alfworld"
     return Trajectory(task_id=f"task-{seed}", env_name=env, turns=out)
 
 
-class CountingTeacher:
+class CountingTeacher(Teacher):
     """Wraps a real teacher to count what it is asked to score."""
 
     def __init__(self, inner):
@@ -458,3 +460,14 @@ def test_teacher_serve_refuses_a_reachable_host_without_a_key(tmp_path, monkeypa
     assert f"the environment variable {KEY_VARIABLE} is not set" in serve("keyed.yaml", "--host", "0.0.0.0")
     monkeypatch.setenv(KEY_VARIABLE, "s3cret")
     assert "model directory not found" in serve("keyed.yaml", "--host", "0.0.0.0")
+
+
+def test_every_teacher_backend_is_a_teacher_with_its_capabilities_declared():
+    """The capabilities the pre-flight checks and the scoring read (teachers.base.Teacher) have their
+    default there; every backend subclasses it, so each reads without a fallback."""
+    for name in TEACHER_BACKENDS.names():
+        backend = TEACHER_BACKENDS.get(name)
+        assert Teacher in backend.__mro__, name
+        assert isinstance(backend.provides_model, bool) and isinstance(backend.scores_entropy, bool)
+        assert backend.reads_screenshots is False  # a transformers teacher sets it once its model is loaded
+    assert TEACHER_BACKENDS.get("transformers").max_topk(None) is None

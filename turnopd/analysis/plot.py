@@ -30,6 +30,59 @@ def _x_scale(by: Axis, extent: float) -> tuple[float, str]:
     return 1.0, "training wall-clock (s)"
 
 
+def _plot_group(acc_ax, row, color: str, by: Axis, scale: float) -> list[tuple[float, float]]:
+    """A group's accuracy curve (seed mean, ± std band across seeds) held until its runs' end; returns
+    its points (x, mean accuracy) for the Pareto frontier."""
+    members = row.group.runs
+    curve = row.group.curve(by)
+    if not curve:
+        return []
+    end = max(run.extent(by) for run in members)  # the last value holds until the run's end
+    held = [*curve, curve[-1]]
+    xs = np.array([p.x for p in curve] + [max(end, curve[-1].x)]) / scale
+    means = 100 * np.array([p.mean for p in held])
+    stds = 100 * np.array([p.std for p in held])
+    label = row.group.label
+    if len(members) > 1:
+        label += f" (mean of {len(members)} seeds)"
+    acc_ax.step(xs, means, where="post", color=color, label=label)
+    acc_ax.plot(xs[:-1], means[:-1], "o", color=color, markersize=3)
+    if len(members) > 1:
+        acc_ax.fill_between(xs, means - stds, means + stds, step="post", color=color, alpha=0.15,
+                            linewidth=0)
+    return [(p.x, p.mean) for p in curve]
+
+
+def _plot_depth(depth_ax, alpha_ax, run: SavedRun, color: str, by: Axis, scale: float) -> None:
+    """A run's rollout-depth cap (solid; probe steps, played at full depth, as triangles) and alpha
+    (dashed, on the right axis)."""
+    x = [(r.train_time_s if by == "time" else r.step) / scale for r in run.train]
+    # a probe step plays at full depth: a mark, not a spike of the cap line
+    caps = [None if r.probed else r.rollout_depth_cap for r in run.train]
+    alphas = [r.alpha for r in run.train]
+    depth_ax.step(x, [c if c is not None else float("nan") for c in caps], where="post", color=color,
+                  linewidth=1, alpha=0.8)
+    probes = [(xi, r.rollout_depth_cap) for xi, r in zip(x, run.train, strict=True) if r.probed]
+    if probes:
+        depth_ax.plot(*zip(*probes, strict=True), "v", color=color, markersize=4, alpha=0.8)
+    alpha_ax.plot(x, [a if a is not None else float("nan") for a in alphas], "--", color=color,
+                  linewidth=1, alpha=0.8)
+
+
+def _plot_references(acc_ax, cmp: Comparison, points: list[tuple[float, float]], by: Axis, scale: float) -> None:
+    """The teacher's accuracy, the Pareto frontier of the plotted points and the comparison's point."""
+    teachers = [row.teacher for row in cmp.rows if row.teacher is not None]
+    if teachers:
+        acc_ax.axhline(100 * sum(teachers) / len(teachers), color="black", linewidth=1, alpha=0.6,
+                       label="teacher (same tasks)")
+    front = pareto_front(points)
+    if front:
+        acc_ax.step([x / scale for x, _ in front], [100 * a for _, a in front], where="post", color="black",
+                    linestyle=":", linewidth=1.5, label="Pareto frontier")
+    marker, marker_label = (cmp.least_time_s, "Least-Time") if by == "time" else (cmp.same_step, "Same-Step")
+    acc_ax.axvline(marker / scale, color="grey", linestyle="--", linewidth=0.8, label=f"{marker_label} point")
+
+
 def plot_frontier(cmp: Comparison, runs: Sequence[SavedRun], by: Axis, out: Path) -> None:
     """Panel 1: accuracy vs x per group (seed mean, ± std band across seeds), the teacher's accuracy
     and the Pareto frontier of the plotted points; panel 2: each run's rollout-depth cap (solid;
@@ -46,45 +99,10 @@ def plot_frontier(cmp: Comparison, runs: Sequence[SavedRun], by: Axis, out: Path
     points = []
     for i, row in enumerate(cmp.rows):
         color = colors[i % len(colors)]
-        members = row.group.runs
-        curve = row.group.curve(by)
-        if curve:
-            end = max(run.extent(by) for run in members)  # the last value holds until the run's end
-            held = [*curve, curve[-1]]
-            xs = np.array([p.x for p in curve] + [max(end, curve[-1].x)]) / scale
-            means = 100 * np.array([p.mean for p in held])
-            stds = 100 * np.array([p.std for p in held])
-            label = row.group.label
-            if len(members) > 1:
-                label += f" (mean of {len(members)} seeds)"
-            acc_ax.step(xs, means, where="post", color=color, label=label)
-            acc_ax.plot(xs[:-1], means[:-1], "o", color=color, markersize=3)
-            if len(members) > 1:
-                acc_ax.fill_between(xs, means - stds, means + stds, step="post", color=color, alpha=0.15,
-                                    linewidth=0)
-            points += [(p.x, p.mean) for p in curve]
-        for run in members:
-            x = [(r.train_time_s if by == "time" else r.step) / scale for r in run.train]
-            # a probe step plays at full depth: a mark, not a spike of the cap line
-            caps = [None if r.probed else r.rollout_depth_cap for r in run.train]
-            alphas = [r.alpha for r in run.train]
-            depth_ax.step(x, [c if c is not None else float("nan") for c in caps], where="post", color=color,
-                          linewidth=1, alpha=0.8)
-            probes = [(xi, r.rollout_depth_cap) for xi, r in zip(x, run.train, strict=True) if r.probed]
-            if probes:
-                depth_ax.plot(*zip(*probes, strict=True), "v", color=color, markersize=4, alpha=0.8)
-            alpha_ax.plot(x, [a if a is not None else float("nan") for a in alphas], "--", color=color,
-                          linewidth=1, alpha=0.8)
-    teachers = [row.teacher for row in cmp.rows if row.teacher is not None]
-    if teachers:
-        acc_ax.axhline(100 * sum(teachers) / len(teachers), color="black", linewidth=1, alpha=0.6,
-                       label="teacher (same tasks)")
-    front = pareto_front(points)
-    if front:
-        acc_ax.step([x / scale for x, _ in front], [100 * a for _, a in front], where="post", color="black",
-                    linestyle=":", linewidth=1.5, label="Pareto frontier")
-    marker, marker_label = (cmp.least_time_s, "Least-Time") if by == "time" else (cmp.same_step, "Same-Step")
-    acc_ax.axvline(marker / scale, color="grey", linestyle="--", linewidth=0.8, label=f"{marker_label} point")
+        points += _plot_group(acc_ax, row, color, by, scale)
+        for run in row.group.runs:
+            _plot_depth(depth_ax, alpha_ax, run, color, by, scale)
+    _plot_references(acc_ax, cmp, points, by, scale)
     acc_ax.set_ylabel(f"{metric_name(runs)} (%)")
     acc_ax.set_title(f"Accuracy vs {'optimizer steps' if by == 'step' else 'training wall-clock'}")
     acc_ax.legend(title=INTERPOLATION_NOTE, fontsize=8, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)

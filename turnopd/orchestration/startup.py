@@ -148,7 +148,7 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> DistillRun:
     run_pixel_store(cfg, setup.spec, run_dir)
     screens = attach_screens(setup.spec, setup.student_path, policy)
     trainer.images = screens  # a student that reads screenshots trains on their pixels
-    for teacher in (t for t in teachers.values() if getattr(t, "reads_screenshots", False)):
+    for teacher in (t for t in teachers.values() if t.reads_screenshots):
         attach_screens(setup.spec, teacher.model_dir, teacher)  # a VLM teacher: its own processor
     depth = make_depth_schedule(cfg.depth, horizon=cfg.env.max_turns)
     outcomes = Outcomes(cfg)

@@ -58,13 +58,16 @@ class Policy(Protocol):
     runs before each generation batch (or engine step), in the thread that runs it: the pool
     pipeline loads newer weights there, between batches, so no batch sees half an update. An
     episode holds `session()` while it plays, so the backend knows how many requests may still
-    come (the transformers micro-batcher waits a little for them; vLLM needs no wait).
+    come (the transformers micro-batcher waits a little for them; vLLM needs no wait). Backends
+    subclass this protocol, so that an attribute they do not set reads as its default here.
     """
 
     tokenizer: Any
     weight_version: int  # incremented by each update_weights
     max_model_len: int  # prompt + generated tokens must fit
     before_batch: Callable[[], None] | None
+    # the positions a screenshot takes in a prompt (a vision-language student); 0: a text policy
+    image_tokens: int = 0
 
     # image_keys: the pixel-store keys of the screenshots in the prompt's image positions (a VLM student)
     async def generate(self, prompt: list[int], sampling: SamplingParams, image_keys: Sequence[str] = ()) -> Generation: ...

@@ -89,9 +89,9 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
     """One episode of `task_id` in env-pool slot `slot`, for at most `turn_limit` turns (the batch
     plan's, at most the horizon env_config.max_turns). Stopped by a limit below the horizon with the
     env not done: truncated. Waiting for the env (reset and steps) is the ledger's "env" busy time
-    (a pool's own resource name, `ledger_resource`, when it has one: a world model's)."""
+    (the pool's `ledger_resource`: a world model's steps are its own busy time, not the env's)."""
     busy = ledger.busy if ledger is not None else (lambda _: nullcontext())
-    env = getattr(pool, "ledger_resource", "env")
+    env = pool.ledger_resource
     renderer = renderer or renderer_for(spec, policy)
     trajectory = Trajectory(task_id=task_id, env_name=spec.name, is_probe=is_probe, task_type=spec.task_type(task_id),
                             weight_version=policy.weight_version)

@@ -73,9 +73,8 @@ def renderer_for(spec: EnvSpec, policy: Any) -> Renderer:
     """The policy's view of `spec`'s turns: screenshots for a vision-language policy in an env that
     shows them, else text (a policy that reads no images, e.g. the text teacher played as a policy in
     its evaluation, reads the pages' text)."""
-    image_tokens = getattr(policy, "image_tokens", 0)
-    if shows_screenshots(spec) and image_tokens:
-        return ScreenshotView(spec, policy.tokenizer, image_tokens)
+    if shows_screenshots(spec) and policy.image_tokens:
+        return ScreenshotView(spec, policy.tokenizer, policy.image_tokens)
     return TextView(spec, policy.tokenizer)
 
 

@@ -17,6 +17,8 @@ class Takeover:
     """The env pool `real`, with slot i's episode first replaying replays[i] (stopped where the env
     ends the episode)."""
 
+    ledger_resource = "env"  # its steps are the real env's
+
     def __init__(self, real: Any, replays: Sequence[Sequence[str]]):
         self.real, self.replays = real, replays
 

@@ -23,7 +23,7 @@ from torch import nn
 from turnopd.config import PolicyConfig
 from turnopd.engines.hf_models import image_tokens_of, load_model, model_max_length
 from turnopd.engines.lora import load_sync_state, sync_state
-from turnopd.rollout.base import POLICY_BACKENDS, Generation, SamplingParams
+from turnopd.rollout.base import POLICY_BACKENDS, Generation, Policy, SamplingParams
 from turnopd.rollout.batching import DEFAULT_WAIT_S, MicroBatcher
 from turnopd.rollout.completion import check_prompt_lengths, eos_token_ids, finish_completion
 
@@ -77,7 +77,7 @@ class _StopStrings:
 
 
 @POLICY_BACKENDS.register("transformers")
-class TransformersPolicy:
+class TransformersPolicy(Policy):
     """Student generation with Hugging Face transformers (CPU or one GPU: a model loaded here goes
     to the run's device, turnopd.core.device; a loaded module generates where it is).
 

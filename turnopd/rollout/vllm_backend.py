@@ -37,7 +37,7 @@ from turnopd.engines.lora import (
     write_adapter,
 )
 from turnopd.engines.vllm_engine import close_llm, make_llm
-from turnopd.rollout.base import POLICY_BACKENDS, Generation, SamplingParams
+from turnopd.rollout.base import POLICY_BACKENDS, Generation, Policy, SamplingParams
 from turnopd.rollout.completion import check_prompt_lengths, eos_token_ids, finish_completion
 
 
@@ -128,7 +128,7 @@ class ContinuousBatcher:
 
 
 @POLICY_BACKENDS.register("vllm")
-class VLLMPolicy:
+class VLLMPolicy(Policy):
     """Student generation with an in-process vllm.LLM.
 
     config.options are vLLM engine arguments (e.g. max_model_len, tensor_parallel_size). A LoRA

@@ -324,6 +324,8 @@ class Shadow:
     that returns. The model answers while the env does, so a costly env's waits hide its time; a
     replay's verdict is the one a replay of the finished episode's actions would give."""
 
+    ledger_resource = "env"  # its steps are the real env's
+
     def __init__(self, real: Any, start: Callable[[str, StepOutcome, AsyncIterator[str]], Awaitable[Verdict]]):
         self.real, self.start = real, start
         self._actions: asyncio.Queue[str | None] = asyncio.Queue()
