@@ -164,6 +164,26 @@ def test_run_records_then_kill_and_resume_continue_exactly(models, uninterrupted
     assert train_c[3]["loss"] == pytest.approx(train[3]["loss"], rel=1e-5, abs=1e-7)
 
 
+@pytest.mark.slow
+def test_a_requeued_command_with_resume_auto_continues_the_killed_run_and_leaves_a_complete_one(models, uninterrupted):
+    """A scheduler requeues the same command line with TURNOPD_RESUME=auto: the killed run continues
+    from its checkpoint to the uninterrupted run's losses; once complete, the command trains nothing
+    and exits 0."""
+    run_dir, requeue = models / "runs" / "requeued", {"TURNOPD_RESUME": "auto"}
+    _kill_at_checkpoint(_distill(models, "name=requeued", env_extra=requeue, start_new_session=True), run_dir, 2)
+    resumed = _distill(models, "name=requeued", env_extra=requeue)
+    out, _ = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, out
+    assert f"resuming {run_dir} from step 2" in out and not (models / "runs" / "requeued-2").exists()
+    _assert_same_steps(run_dir, _train_records(uninterrupted[0]))
+    records = (run_dir / "metrics.jsonl").read_text()
+    again = _distill(models, "name=requeued", "--resume", "auto")
+    out, _ = again.communicate(timeout=900)
+    assert again.returncode == 0, out
+    assert f"the newest run named 'requeued', {run_dir}, is complete" in out and "resuming" not in out
+    assert (run_dir / "metrics.jsonl").read_text() == records
+
+
 def _wait_for_step(run: subprocess.Popen, run_dir: Path, step: int) -> None:
     """Until the train record of `step` is written (the next step is under way); the run must still run."""
     deadline = time.time() + 900

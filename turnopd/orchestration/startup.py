@@ -141,7 +141,7 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> DistillRun:
     """Check the recipe's setup (before any heavy work), build and load the models, and restore the
     last checkpoint of a resumed run (a run killed before its first checkpoint starts over)."""
     setup, _ = check_setup(cfg)  # fails fast, naming the problem: data, splits, models, teacher specs
-    run_dir = run_dir_for(cfg, resume)
+    run_dir, resuming = run_dir_for(cfg, resume)
     if rank_and_world()[1] > 1:
         init_process_group()  # for the barrier below (one process joins it later, in the Trainer)
     build_missing_models(cfg, setup)
@@ -155,7 +155,7 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> DistillRun:
     outcomes = Outcomes(cfg)
 
     start_step, ledger, spent = 0, Ledger(), WorkSpent()
-    state = restore_checkpoint(run_dir, trainer) if resume else None
+    state = restore_checkpoint(run_dir, trainer) if resuming else None
     if state is not None:
         with trainer.gathered_parameters() as student_weights:
             policy.update_weights(student_weights)
@@ -163,7 +163,7 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> DistillRun:
         outcomes.load_state_dict(state.get("outcomes", {}))  # older checkpoints: none kept
         start_step, spent = state["step"], WorkSpent(**state.get("spent", {}))  # older checkpoints: none kept
         ledger = Ledger(train_time_offset=state["train_time_s"], wall_time_offset=state["wall_time_s"])
-    if resume and rank_and_world()[0] == 0:
+    if resuming and rank_and_world()[0] == 0:
         dropped = truncate_after_step(run_dir / "metrics.jsonl", start_step)
         if start_step:
             print(f"resuming {run_dir} from step {start_step} ({dropped} records past it dropped)")
