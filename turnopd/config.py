@@ -28,7 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 from turnopd.algorithm.judge import JUDGES, MEMORY_MODES
 from turnopd.core.metrics import WORK_UNITS
 from turnopd.core.registry import Registry
-from turnopd.core.tracking import TRACKERS, TRACKING_EXTRA
+from turnopd.core.tracking import TRACKERS, TRACKING_EXTRA, TrackerSettings
 
 
 class RecipeError(ValueError):
@@ -383,6 +383,8 @@ class RunConfig:
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     # experiment trackers beside metrics.jsonl, any of turnopd.core.tracking's (tensorboard, wandb, mlflow)
     tracking: list[str] = field(default_factory=lambda: ["tensorboard"], metadata=_registered("tracker"))
+    # where they file the run: project, entity, group, tags, run_name (turnopd.core.tracking.TrackerSettings)
+    tracker: TrackerSettings = field(default_factory=TrackerSettings)
 
 
 def _load_yaml_with_defaults(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:

@@ -3,7 +3,7 @@
 Each run is a subprocess
 
     <launcher> RECIPE name=<sweep>-<method>-s<seed> seed=<seed> output_dir=<DIR>
-               <method overrides> <overrides>
+               tracker.group=<sweep> tracker.tags=[<method>] <method overrides> <overrides>
 
 with the launcher `python -m turnopd.cli distill` by default (a cluster launcher such as
 `torchrun --nproc-per-node 8 -m turnopd.cli distill` works the same way). The run's folder
@@ -29,7 +29,7 @@ from turnopd.core.methods import METHODS
 
 DEFAULT_LAUNCHER = (sys.executable, "-m", "turnopd.cli", "distill")
 # keys the sweep sets per run; a user override of one would make the runs collide
-PER_RUN_KEYS = ("name", "seed", "output_dir")
+PER_RUN_KEYS = ("name", "seed", "output_dir", "tracker.group", "tracker.tags")
 
 RunState = Literal["new", "incomplete", "complete"]
 
@@ -90,7 +90,7 @@ def plan_sweep(recipe: str, methods: Sequence[str], seeds: int, out_dir: str | P
         for method in methods:
             name = run_name(sweep, method, seed)
             argv = (*launcher, str(recipe), f"name={name}", f"seed={seed}", f"output_dir={out_dir}",
-                    *METHODS[method], *overrides)
+                    f"tracker.group={sweep}", f"tracker.tags=[{method}]", *METHODS[method], *overrides)
             plan.append(PlannedRun(name, method, seed, Path(out_dir) / name, argv))
     return plan
 
