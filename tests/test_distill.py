@@ -414,6 +414,31 @@ def test_data_parallel_under_torchrun(models):
     assert [r["tokens_trained"] for r in train_nodes] == [r["tokens_trained"] for r in train]
 
 
+@pytest.mark.slow
+def test_a_resume_on_another_world_size_is_refused_at_start(models, uninterrupted):
+    """Checkpoints of 2 ranks are not resumed by 1, nor those of 1 by 2 (each rank's optimizer partition
+    and RNG state are its own, docs/cluster.md): refused at start, naming both sizes, the run untouched."""
+    two_ranks = [*_torchrun(["--nproc-per-node", "2"], models, "two-ranks"), "trainer.steps=2"]
+    out = subprocess.run(two_ranks, env=child_env(), capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    run_dir = models / "runs" / "two-ranks"
+    records = (run_dir / "metrics.jsonl").read_text()
+    one_rank = [sys.executable, "-m", "turnopd.cli", *two_ranks[two_ranks.index("distill"):], "--resume", str(run_dir)]
+    out = subprocess.run(one_rank, env=child_env(), capture_output=True, text=True, timeout=900)
+    assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"error: --resume {run_dir}: its checkpoint step_000002 was written by 2 rank(s) and this launch has 1" in (
+        out.stderr)
+    assert (run_dir / "metrics.jsonl").read_text() == records
+
+    run_a = uninterrupted[0]
+    by_two = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "turnopd.cli", "distill",
+              str(models / "recipe.yaml"), "name=uninterrupted", "--resume", str(run_a)]
+    out = subprocess.run(by_two, env=child_env(), capture_output=True, text=True, timeout=900)
+    assert out.returncode != 0
+    assert "its checkpoint step_000004 was written by 1 rank(s) and this launch has 2" in out.stdout + out.stderr
+
+
+
 def test_a_step_the_env_ended_entirely_stops_the_run_naming_the_env_error(models, tmp_path):
     """Every training game is unreadable (as when a full disk cut the files short): each episode of
     step 1 ends at reset by the real engine's GameLoadError. The run stops before training, naming

@@ -174,3 +174,22 @@ def test_resume_auto_continues_the_newest_incomplete_run_and_exits_0_on_a_comple
     monkeypatch.setenv("TURNOPD_RESUME", str(runs / "hub-2"))
     assert _dry_run(tmp_path, overrides=["trainer.steps=4"]) == 2
     assert "error: TURNOPD_RESUME=" in capsys.readouterr().err
+
+
+def test_a_resume_on_another_world_size_is_refused_at_start(tmp_path, capsys, monkeypatch, no_network):
+    runs = tmp_path / "runs"
+    assert _dry_run(tmp_path, overrides=["trainer.steps=4"]) == 0
+    _write_run(runs / "hub", tmp_path / "recipe.yaml", 2)
+    checkpoint = runs / "hub" / "checkpoints" / "step_000002"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "loop_state.json").write_text('{"step": 2}')
+    for rank in (0, 1):  # written by 2 ranks
+        (checkpoint / f"rng_{rank}.pt").write_bytes(b"")
+    capsys.readouterr()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert _dry_run(tmp_path, overrides=["trainer.steps=4", "--resume", "auto"]) == 2
+    assert (f"error: --resume {runs / 'hub'}: its checkpoint step_000002 was written by 2 rank(s) and this launch "
+            "has 1; resume it on 2") in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert _dry_run(tmp_path, overrides=["trainer.steps=4", "--resume", str(runs / "hub")]) == 0
+    assert f"run dir {runs / 'hub'} (resumed)" in capsys.readouterr().out

@@ -81,6 +81,10 @@ def _distill(cfg: Any, args: argparse.Namespace) -> int:
 
     try:
         summary = run_distillation(cfg, resume=args.resume)
+    except RecipeError as exc:  # found at start, before heavy work (a resume on another world size, say)
+        if rank_and_world()[0] == 0:
+            print(f"error: {exc}", file=sys.stderr)
+        return 2
     except (EnvFailed, GeneratorError, TrainingDiverged, DiskFull) as exc:  # the run's own verdict: no traceback needed
         print(f"error: the run stopped: {exc}", file=sys.stderr)
         return 1

@@ -34,6 +34,8 @@ from teachers import TEACHER_BACKENDS, TeacherSpec, TeacherSpecError, load_teach
 from teachers.spec import served_model_name
 from turnopd.algorithm.objective import ESTIMATORS
 from turnopd.config import ModelConfig, RecipeError, RunConfig, to_yaml
+from turnopd.core.checkpoint import list_checkpoints, saved_world_size
+from turnopd.core.distributed import rank_and_world
 from turnopd.orchestration.sweep import run_state
 from turnopd.rollout.world_model_pool import load_world_model_meta
 
@@ -274,16 +276,27 @@ def auto_resume_dir(cfg: RunConfig) -> Path | None:
     return found[-1]
 
 
+def check_world_size(run_dir: Path) -> None:
+    """A run resumes on the world size that wrote its checkpoints, else is refused: each rank's ZeRO
+    optimizer partition and RNG state are its own, so only the same ranks continue it exactly."""
+    checkpoints = list_checkpoints(run_dir)
+    saved, world = (saved_world_size(checkpoints[-1]) if checkpoints else 0), rank_and_world()[1]
+    if saved and saved != world:
+        raise RecipeError(f"--resume {run_dir}: its checkpoint {checkpoints[-1].name} was written by {saved} "
+                          f"rank(s) and this launch has {world}; resume it on {saved} (torchrun with WORLD_SIZE="
+                          f"{saved}): each rank's optimizer partition and RNG state are its own, so a run continues "
+                          "exactly only on the world size that wrote it (docs/cluster.md)")
+
+
 def run_dir_for(cfg: RunConfig, resume: str | None) -> tuple[Path, bool]:
     """The run's folder and whether it resumes: a new one, the `--resume` folder of a run with the
     same recipe, or for `--resume auto` the newest incomplete run of the recipe's name if there is one."""
-    if resume == "auto":
-        run_dir = auto_resume_dir(cfg)
-        return (run_dir, True) if run_dir else (new_run_dir(cfg), False)
-    if not resume:
+    run_dir = auto_resume_dir(cfg) if resume == "auto" else Path(resume) if resume else None
+    if run_dir is None:
         return new_run_dir(cfg), False
-    check_resume_config(Path(resume), cfg)
-    return Path(resume), True
+    check_resume_config(run_dir, cfg)
+    check_world_size(run_dir)
+    return run_dir, True
 
 
 def dry_run(cfg: RunConfig, resume: str | None = None) -> dict[str, Any]:
