@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -184,7 +184,8 @@ class SlotPool:
 async def play_all(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *, env_config: EnvConfig,
                    sampling: SamplingParams, turn_limits: Sequence[int] | None = None, probes: int = 0,
                    ledger: Any = None, replays: Sequence[Sequence[str]] | None = None, world: Any = None,
-                   simulated: Sequence[bool] = (), judge: Any = None) -> list[Trajectory]:
+                   simulated: Sequence[bool] = (), judge: Any = None,
+                   on_episode: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     """`rollout` inside a running event loop."""
     if not tasks:
         raise ValueError("rollout needs at least one task")
@@ -219,6 +220,8 @@ async def play_all(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *
         finally:
             if shadow is not None:
                 shadow.cancel()  # a no-op once its verdict is in
+        if on_episode is not None:
+            on_episode(trajectory)
         return trajectory
 
     return list(await asyncio.gather(*(play(i, task) for i, task in enumerate(tasks))))
@@ -227,7 +230,8 @@ async def play_all(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *
 def rollout(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *, env_config: EnvConfig,
             sampling: SamplingParams, turn_limits: Sequence[int] | None = None, probes: int = 0,
             ledger: Any = None, replays: Sequence[Sequence[str]] | None = None, world: Any = None,
-            simulated: Sequence[bool] = (), judge: Any = None) -> list[Trajectory]:
+            simulated: Sequence[bool] = (), judge: Any = None,
+            on_episode: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     """Play one episode per task id (repeat a task id for several samples of it), all at once in
     slots 0..len(tasks)-1, episode i for at most turn_limits[i] turns (default: the horizon,
     env_config.max_turns, for every one; the batch plan decides them, probes at the horizon:
@@ -238,8 +242,9 @@ def rollout(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *, env_c
     the world model's verdict on it (Trajectory.predicted_success: by world.verdict, the model's answer
     to its last transition, its replay in the model alongside it, or the ending of a twin episode of
     its task played in the model beside it, not trained on). With `judge` (turnopd.rollout.judge.Judge)
-    each real episode plays the judge's pick among k candidates a turn (see play_episode). Returns
-    the trajectories in the order of `tasks`."""
+    each real episode plays the judge's pick among k candidates a turn (see play_episode).
+    `on_episode` is called with each trajectory as it ends (a progress bar). Returns the trajectories
+    in the order of `tasks`."""
     return asyncio.run(play_all(spec, pool, policy, tasks, env_config=env_config, sampling=sampling,
                                 turn_limits=turn_limits, probes=probes, ledger=ledger, replays=replays, world=world, simulated=simulated,
-                                judge=judge))
+                                judge=judge, on_episode=on_episode))
