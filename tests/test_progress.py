@@ -51,3 +51,8 @@ def test_an_evaluation_in_a_log_prints_a_line_every_30_s_and_one_at_the_end():
         "eval at step 4: 2/5 episodes, 1 won, 4.0 episodes/min, 30 s so far, ETA 45 s",
         "eval at step 4: 4/5 episodes, 2 won, 3.9 episodes/min, 61 s so far, ETA 15 s",
         "eval at step 4: 5/5 episodes, 3 won, 4.8 episodes/min, 62 s so far, ETA 0 s"]
+    with progress.console.capture() as captured, EpisodeProgress("rollout", total=2, clock=clock) as bar:
+        for t in (70, 75):  # a rollout shorter than 30 s: nothing beside the step's own line
+            clock.now = t
+            bar.episode_done(Trajectory(task_id="t", env_name="e"))
+    assert captured.get() == ""

@@ -77,9 +77,9 @@ def duration(seconds: float) -> str:
 
 
 class EpisodeProgress:
-    """The episodes of an evaluation as they end: done/total, won, rate and ETA; a rich bar in a
-    terminal, else a line every `every_s` seconds and one at the end. Use as a context manager and
-    pass `episode_done` to the rollout."""
+    """The episodes of an evaluation or a step's rollout as they end: done/total, won, rate and ETA;
+    a rich bar in a terminal, else a line every `every_s` seconds and one at the end (none for what
+    ends sooner). Use as a context manager and pass `episode_done` to the rollout."""
 
     def __init__(self, label: str, total: int, enabled: bool = True, every_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic):
@@ -112,7 +112,8 @@ class EpisodeProgress:
             self._bar.update(self._task, completed=self.done, won=self.won)
             return
         now = self.clock()
-        if now - self.last_line >= self.every_s or self.done == self.total:
+        last_of_a_long_one = self.done == self.total and now - self.started >= self.every_s
+        if now - self.last_line >= self.every_s or last_of_a_long_one:
             self.last_line = now
             console.print(self.line(now), markup=False)
 

@@ -41,7 +41,7 @@ class InProcessRollouts:
             self.judge.start_batch(plan.step)
         trajectories = play_and_score(self.cfg, self.setup.spec, self.pool, self.policy, self.teachers,
                                       step_episodes(self.cfg, self.setup.train_tasks, plan), self.ledger,
-                                      world=self.world, judge=self.judge)
+                                      world=self.world, judge=self.judge, step=plan.step)
         if self.judge is not None:  # the step's attempts join the memory the next steps' judge reads
             self._stats = dataclasses.replace(self._stats, judge=dataclasses.asdict(self.judge.stats))
             self.judge.commit(trajectories)
