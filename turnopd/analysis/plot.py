@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -31,16 +32,28 @@ def _x_scale(by: Axis, extent: float) -> tuple[float, str]:
 
 
 def plot_frontier(cmp: Comparison, runs: Sequence[SavedRun], by: Axis, out: Path) -> None:
+    """The frontier figure (frontier_figure) saved as a PNG at `out`."""
+    fig = frontier_figure(cmp, runs, by)
+    import matplotlib.pyplot as plt
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def frontier_figure(cmp: Comparison, runs: Sequence[SavedRun], by: Axis) -> Any:
     """Panel 1: accuracy vs x per group (seed mean, ± std band across seeds), the teacher's accuracy
     and the Pareto frontier of the plotted points; panel 2: each run's rollout-depth cap (solid;
-    probe steps, played at full depth, as triangles) and alpha (dashed, right axis)."""
+    probe steps, played at full depth, as triangles) and alpha (dashed, right axis). The legend is
+    below both, in columns, so the panels keep the figure's width."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     scale, xlabel = _x_scale(by, max(run.extent(by) for run in runs))
-    fig, (acc_ax, depth_ax) = plt.subplots(2, 1, figsize=(13, 8), sharex=True, height_ratios=[3, 2])
+    fig, (acc_ax, depth_ax) = plt.subplots(2, 1, figsize=(13, 8), sharex=True, height_ratios=[3, 2],
+                                           layout="constrained")
     alpha_ax = depth_ax.twinx()
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     points = []
@@ -87,17 +100,15 @@ def plot_frontier(cmp: Comparison, runs: Sequence[SavedRun], by: Axis, out: Path
     acc_ax.axvline(marker / scale, color="grey", linestyle="--", linewidth=0.8, label=f"{marker_label} point")
     acc_ax.set_ylabel(f"{metric_name(runs)} (%)")
     acc_ax.set_title(f"Accuracy vs {'optimizer steps' if by == 'step' else 'training wall-clock'}")
-    acc_ax.legend(title=INTERPOLATION_NOTE, fontsize=8, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    fig.legend(*acc_ax.get_legend_handles_labels(), title=INTERPOLATION_NOTE, fontsize=8, title_fontsize=8,
+               loc="outside lower center", ncols=3)
     acc_ax.grid(alpha=0.3)
     depth_ax.set_ylabel("rollout-depth cap (turns, solid; probe steps ▼)")
     alpha_ax.set_ylabel("alpha (dashed)")
     alpha_ax.set_ylim(-0.05, 1.05)
     depth_ax.set_xlabel(xlabel)
     depth_ax.grid(alpha=0.3)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 def plot_run(run_dir: Path) -> Path:
