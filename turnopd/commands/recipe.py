@@ -72,6 +72,7 @@ def _distill(cfg: Any, args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         return 0
+    from teachers import TeacherServerError
     from turnopd.core.distributed import rank_and_world
     from turnopd.core.faults import DiskFull
     from turnopd.core.interrupt import RunStopped
@@ -85,7 +86,7 @@ def _distill(cfg: Any, args: argparse.Namespace) -> int:
         if rank_and_world()[0] == 0:
             print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (EnvFailed, GeneratorError, TrainingDiverged, DiskFull) as exc:  # the run's own verdict: no traceback needed
+    except (EnvFailed, GeneratorError, TrainingDiverged, DiskFull, TeacherServerError) as exc:  # the run's own verdict: no traceback needed
         print(f"error: the run stopped: {exc}", file=sys.stderr)
         return 1
     except RunStopped as stopped:

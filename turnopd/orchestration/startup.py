@@ -18,6 +18,7 @@ import torch
 
 from envs.base import shows_screenshots
 from teachers import Teacher, check_tokenizers, make_teachers
+from teachers.vllm_server import check_server
 from turnopd.algorithm.budget import DepthSchedule, make_depth_schedule
 from turnopd.algorithm.objective import ESTIMATORS
 from turnopd.config import RecipeError, RunConfig
@@ -168,6 +169,8 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> DistillRun:
     """Check the recipe's setup (before any heavy work), build and load the models, and restore the
     last checkpoint of a resumed run (a run killed before its first checkpoint starts over)."""
     setup, _ = check_setup(cfg)  # fails fast, naming the problem: data, splits, models, teacher specs
+    for spec in (s for s in setup.teacher_specs.values() if s.backend == "vllm_server"):
+        check_server(spec)  # a server that is not vLLM is refused now, not at the first scoring
     run_dir, resuming = run_dir_for(cfg, resume)
     if rank_and_world()[1] > 1:
         init_process_group()  # for the collectives below (one process joins it later, in the Trainer)
