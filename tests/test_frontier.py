@@ -227,8 +227,10 @@ def test_the_target_is_on_the_curves_metric_not_the_final_sampled_one(tmp_path: 
 
 def test_seeds_of_a_method_are_aggregated(tmp_path: Path):
     def run(name: str, method: str, seed: int, evals):
-        # config.yaml differs between seeds only in the per-run keys, so the seeds form one group
-        config = {"name": name, "seed": seed, "output_dir": str(tmp_path), "trainer": {"lr": 1e-6}}
+        # config.yaml differs between seeds only in the per-run keys (the tracker's group: seed 1 came
+        # from another sweep), so the seeds form one group
+        config = {"name": name, "seed": seed, "output_dir": str(tmp_path), "trainer": {"lr": 1e-6},
+                  "tracker": {"group": f"sweep{seed}", "tags": [method]}}
         return write_run(tmp_path, name, method=method, seed=seed, total_steps=1,
                          train=[(1, evals[-1][1])], evals=evals, config=config)
 
