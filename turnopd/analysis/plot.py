@@ -41,6 +41,21 @@ def plot_frontier(cmp: Comparison, runs: Sequence[SavedRun], by: Axis, out: Path
     plt.close(fig)
 
 
+def _plot_depth_and_alpha(depth_ax: Any, alpha_ax: Any, run: SavedRun, by: Axis, scale: float, color: str) -> None:
+    """One run's rollout-depth cap (solid, probe steps as triangles) and alpha (dashed)."""
+    x = [(r.train_time_s if by == "time" else r.step) / scale for r in run.train]
+    # a probe step plays at full depth: a mark, not a spike of the cap line
+    caps = [None if r.probed else r.rollout_depth_cap for r in run.train]
+    alphas = [r.alpha for r in run.train]
+    depth_ax.step(x, [c if c is not None else float("nan") for c in caps], where="post", color=color,
+                  linewidth=1, alpha=0.8)
+    probes = [(xi, r.rollout_depth_cap) for xi, r in zip(x, run.train, strict=True) if r.probed]
+    if probes:
+        depth_ax.plot(*zip(*probes, strict=True), "v", color=color, markersize=4, alpha=0.8)
+    alpha_ax.plot(x, [a if a is not None else float("nan") for a in alphas], "--", color=color,
+                  linewidth=1, alpha=0.8)
+
+
 def frontier_figure(cmp: Comparison, runs: Sequence[SavedRun], by: Axis) -> Any:
     """Panel 1: accuracy vs x per group (seed mean, ± std band across seeds), the teacher's accuracy
     and the Pareto frontier of the plotted points; panel 2: each run's rollout-depth cap (solid;
@@ -77,17 +92,7 @@ def frontier_figure(cmp: Comparison, runs: Sequence[SavedRun], by: Axis) -> Any:
                                     linewidth=0)
             points += [(p.x, p.mean) for p in curve]
         for run in members:
-            x = [(r.train_time_s if by == "time" else r.step) / scale for r in run.train]
-            # a probe step plays at full depth: a mark, not a spike of the cap line
-            caps = [None if r.probed else r.rollout_depth_cap for r in run.train]
-            alphas = [r.alpha for r in run.train]
-            depth_ax.step(x, [c if c is not None else float("nan") for c in caps], where="post", color=color,
-                          linewidth=1, alpha=0.8)
-            probes = [(xi, r.rollout_depth_cap) for xi, r in zip(x, run.train, strict=True) if r.probed]
-            if probes:
-                depth_ax.plot(*zip(*probes, strict=True), "v", color=color, markersize=4, alpha=0.8)
-            alpha_ax.plot(x, [a if a is not None else float("nan") for a in alphas], "--", color=color,
-                          linewidth=1, alpha=0.8)
+            _plot_depth_and_alpha(depth_ax, alpha_ax, run, by, scale, color)
     teachers = [row.teacher for row in cmp.rows if row.teacher is not None]
     if teachers:
         acc_ax.axhline(100 * sum(teachers) / len(teachers), color="black", linewidth=1, alpha=0.6,
