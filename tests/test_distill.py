@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from tests.conftest import child_env, loop_models
 from tests.test_faults import fill, small_disk
@@ -66,6 +67,13 @@ def test_resume_refuses_a_different_recipe(models, tmp_path):
     check_resume_config(tmp_path, cfg)
     with pytest.raises(RecipeError, match=r"differs from the run's config.yaml in \['trainer'\]"):
         check_resume_config(tmp_path, load_recipe(models / "recipe.yaml", ["trainer.lr=0.5"]))
+    # a run written before the tracker section existed resumes while the recipe leaves it at its defaults
+    saved = OmegaConf.create(to_yaml(cfg))
+    del saved["tracker"]
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(saved))
+    check_resume_config(tmp_path, cfg)
+    with pytest.raises(RecipeError, match=r"differs from the run's config.yaml in \['tracker'\]"):
+        check_resume_config(tmp_path, load_recipe(models / "recipe.yaml", ["tracker.group=g"]))
 
 
 def _distill(models: Path, *args: str, env_extra: dict[str, str] | None = None, **popen) -> subprocess.Popen:

@@ -257,8 +257,9 @@ def check_resume_config(run_dir: Path, cfg: RunConfig) -> None:
     if not (run_dir / "config.yaml").is_file():
         raise RecipeError(f"--resume {run_dir}: not a run folder (no config.yaml)")
     saved = OmegaConf.load(run_dir / "config.yaml")
-    now = OmegaConf.create(to_yaml(cfg))
-    diff = [k for k in set(saved) | set(now) if saved.get(k) != now.get(k)]
+    now, defaults = OmegaConf.create(to_yaml(cfg)), OmegaConf.create(to_yaml(RunConfig()))
+    # a section added since the run was written (tracker, say) matches when the recipe leaves its defaults
+    diff = [k for k in set(saved) | set(now) if saved.get(k, defaults.get(k)) != now.get(k)]
     if diff:
         raise RecipeError(f"--resume {run_dir}: the recipe differs from the run's config.yaml in {sorted(diff)}")
 
