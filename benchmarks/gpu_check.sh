@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 BUNDLE=benchmarks/gpu_bundle
-PY312=${PY312:-/root/.pyenv/versions/3.12.1/bin/python}  # builds the wheels and the rehearsal venv
+PY312=${PY312:-$(command -v python3.12 || true)}  # builds the wheels and the rehearsal venv
 PROJECT_PY=${PROJECT_PY:-.venv/bin/python}  # the project's venv here: reads SmolLM2's GGUF
 REHEARSAL_VENV=.venv-gpu
 
@@ -34,14 +34,19 @@ BUILT="deepspeed==0.19.8 jericho==3.3.1 fast_downward_textworld==20.6.4"
 FETCHED="pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 hjson==3.1.0
   omegaconf==2.4.0 alfworld==0.4.2 textworld==1.7.0 mementos==1.3.1 TatSu==5.8.3 hashids==1.3.1 termcolor==3.3.0
   more-itertools==11.2.1 prompt_toolkit==3.0.53 wcwidth==0.9.4 RapidFuzz==3.14.6"
-# The GPU image's versions of what the stages import (/work/.library/device/KINDS.md), for the
+# The GPU image's versions of what the stages import (docs/gpu.md, "The GPU check"), for the
 # rehearsal venv; it then drops what that image does not have (pip brings them as dependencies).
 IMAGE_PINS="torch==2.11.0 transformers==5.17.0 accelerate==1.15.0 safetensors==0.8.0 tokenizers==0.23.2
   huggingface_hub==1.33.0 numpy==2.5.2 peft psutil pyyaml rich tqdm matplotlib tensorboard requests jinja2
   packaging einops msgpack ninja py-cpuinfo typer"
 NOT_IN_IMAGE="pydantic pydantic-core annotated-types typing-inspection tzdata"
 
+need_py312() {
+  [ -n "$PY312" ] || { echo "error: no Python 3.12: put python3.12 on PATH or set PY312=/path/to/python3.12" >&2; exit 2; }
+}
+
 prepare() {
+  need_py312
   mkdir -p "$BUNDLE/wheels"
   # the global pip constraint here caps torch for the CPU venvs; nothing fetched here is torch
   PIP_CONSTRAINT= "$PY312" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
@@ -54,6 +59,7 @@ prepare() {
 
 rehearsal_venv() {
   [ -x "$REHEARSAL_VENV/bin/python" ] && return
+  need_py312
   "$PY312" -m venv "$REHEARSAL_VENV"
   PIP_CONSTRAINT= "$REHEARSAL_VENV/bin/pip" install -q $IMAGE_PINS
   "$REHEARSAL_VENV/bin/pip" uninstall -q -y $NOT_IN_IMAGE

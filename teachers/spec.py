@@ -15,12 +15,16 @@
     sft_recipe: null              # an SFT recipe that trains this teacher: built into `model` when missing
 
 A relative `model` (or `tokenizer`) path is resolved against the spec's own folder when it exists
-there, else against the repository root (the folder holding `teachers/`), so both
-`model: ../../runs/teachers/alfworld` and `model: runs/teachers/alfworld` work from a checkout; a
-relative path found in neither place is kept as written: a Hugging Face hub name (Qwen/Qwen3-8B).
-With `sft_recipe` (resolved the same way), `model` is a local folder (taken from the spec's folder):
-when it is missing, the orchestration layer trains it there with that recipe (`turnopd sft`, see
-turnopd.orchestration.sft.build_missing_teacher), once.
+there, else against the repository root (the folder holding `teachers/`, site-packages for a
+non-editable install), else, for a path into the repository (`../../runs/teachers/alfworld` from a
+shipped spec), the same place under the working directory or the build root ($TURNOPD_CACHE), so
+both `model: ../../runs/teachers/alfworld` and `model: runs/teachers/alfworld` work from a checkout;
+a relative path found in no place is kept as written: a Hugging Face hub name (Qwen/Qwen3-8B).
+With `sft_recipe` (resolved the same way: the working directory's recipes/ when the package has
+none), `model` is a local folder (taken from the spec's folder): when it is missing, the
+orchestration layer trains it with that recipe (`turnopd sft`, see
+turnopd.orchestration.sft.build_missing_teacher), once, under the build root when the path points
+into the repository (the working directory's runs/teachers/..., never inside the installed package).
 The teacher scores the student's exact token ids, so it applies no chat template of its own; the
 tokenizer guard (check_tokenizers) checks that both render chat prompts to the same ids.
 
@@ -82,15 +86,35 @@ class TeacherSpec:
     source: str = ""  # the yaml it was loaded from ("" when built in code)
 
 
+def build_root() -> Path:
+    """Where a model the package names is built on first use: $TURNOPD_CACHE, else the working
+    directory; never inside the installed package."""
+    return Path(os.environ.get("TURNOPD_CACHE") or Path.cwd()).expanduser()
+
+
+def _in_repo(path: Path) -> Path | None:
+    """`path` relative to the repository root when it points into it (a shipped spec's `../../runs/...`)."""
+    resolved = path.resolve()
+    return resolved.relative_to(REPO_ROOT) if resolved.is_relative_to(REPO_ROOT) else None
+
+
+def _in_build_root(path: Path) -> Path:
+    """A path into the repository moved to the same place under build_root(); any other path as it is."""
+    in_repo = _in_repo(path)
+    return build_root() / in_repo if in_repo is not None else path.resolve()
+
+
 def _resolve(path: str, spec_dir: Path) -> str:
-    """A spec's model/tokenizer path made absolute (see the module docstring); a relative path
-    found in neither place is kept as written (a Hugging Face hub name such as Qwen/Qwen3-8B)."""
+    """A spec's model/tokenizer/recipe path made absolute (see the module docstring); a relative
+    path found in no place is kept as written (a Hugging Face hub name such as Qwen/Qwen3-8B)."""
     p = Path(path).expanduser()
     if p.is_absolute():
         return str(p)
-    for base in (spec_dir, REPO_ROOT):
-        if (base / p).exists():
-            return str((base / p).resolve())
+    in_repo = _in_repo(spec_dir / p)
+    beside = [Path.cwd() / in_repo, build_root() / in_repo] if in_repo is not None else []
+    for candidate in (spec_dir / p, REPO_ROOT / p, *beside):
+        if candidate.exists():
+            return str(candidate.resolve())
     return path
 
 
@@ -123,8 +147,8 @@ def load_teacher_spec(path: str | os.PathLike[str]) -> TeacherSpec:
         spec.sft_recipe = _resolve(spec.sft_recipe, spec_path.parent)
         if not Path(spec.sft_recipe).is_file():
             raise TeacherSpecError(f"teacher spec {spec_path}: key 'sft_recipe': {spec.sft_recipe} not found")
-        if not Path(spec.model).is_absolute():  # missing yet: it is built where the spec says
-            spec.model = str((spec_path.parent / spec.model).resolve())
+        if not Path(spec.model).is_absolute():  # missing yet: built where the spec says, under build_root()
+            spec.model = str(_in_build_root(spec_path.parent / spec.model))
     if spec.backend == "vllm_server" and not server_urls(spec):
         raise TeacherSpecError(f"teacher spec {spec_path}: backend vllm_server needs `url` (where "
                                f"`turnopd teacher serve {spec_path}` listens, e.g. http://127.0.0.1:8000) "

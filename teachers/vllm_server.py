@@ -274,6 +274,36 @@ class VLLMServerTeacher(Teacher):
             session.close()
 
 
+CONTRACT = ("the vllm_server teacher needs vLLM's OpenAI-compatible server: POST /v1/completions with "
+            "token-id prompts and vLLM's `prompt_logprobs` extension (docs/teacher-servers.md); start one with "
+            "`turnopd teacher serve SPEC` or `vllm serve MODEL --max-logprobs 20`")
+
+
+def check_server(spec: TeacherSpec, timeout_s: float = 10.0) -> None:
+    """At start, each replica that answers is asked once to score a 2-token prompt; one whose answer
+    has no prompt log-probs for it (another OpenAI-compatible server, which ignores or refuses vLLM's
+    extension) raises TeacherServerError with the reason. A replica that does not answer yet, or
+    answers 5xx or 401, is left to the scoring's retries and its clear errors."""
+    headers = {"Authorization": f"Bearer {key}"} if (key := api_key(spec)) else {}
+    payload = {"model": served_model_name(spec), "prompt": [[0, 0]], "max_tokens": 1, "temperature": 0.0,
+               "prompt_logprobs": 0}
+    for url in server_urls(spec):
+        try:
+            response = requests.post(f"{url}/v1/completions", json=payload, headers=headers, timeout=timeout_s)
+        except (requests.ConnectionError, requests.Timeout):
+            continue
+        if response.status_code >= 500 or response.status_code == 401:
+            continue
+        try:
+            logprobs = response.json()["choices"][0]["prompt_logprobs"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            logprobs = None
+        if response.status_code >= 400 or not isinstance(logprobs, list) or len(logprobs) != 2:
+            raise TeacherServerError(f"teacher server {url} does not score prompts as vLLM does: a 2-token "
+                                     "prompt with prompt_logprobs 0 got HTTP "
+                                     f"{response.status_code} {response.text[:200]!r}; {CONTRACT}")
+
+
 def _parse(answer: Any, batch: list[list[int]], topk: int) -> list[TokenScores]:
     """The batch's scores from a completions answer; ReplicaFault when it is not the answer asked for."""
     try:

@@ -87,6 +87,15 @@ def test_defaults_compose_in_order_then_overrides(recipes):
     (["familiarity.mode=gate"], "recipe key 'familiarity.threshold': familiarity.mode=gate needs a threshold"),
     (["student.lora.target_modules=[lm_head]"], "recipe key 'student.lora.target_modules': ['lm_head']"),
     (["trainer.steps"], "overrides must be key=value"),
+    # a value, or a list, where a section is expected (and a mapping where a list is): the key is named
+    (["student=Qwen/Qwen3-1.7B"], "recipe key 'student': 'Qwen/Qwen3-1.7B' is a value, and 'student' is a section "
+                                  "of keys (path, dtype, prepare, prepare_options, lora); set one of them, e.g. "
+                                  "student.path=Qwen/Qwen3-1.7B"),
+    (["depth=3"], "recipe key 'depth': 3 is a value, and 'depth' is a section of keys (mode,"),
+    (["trainer.budget=3"], "recipe key 'trainer.budget': 3 is a value, and 'trainer.budget' is a section of keys "
+                           "(unit, amount)"),
+    (["student=[a,b]"], "recipe key 'student': override 'student=[a,b]' gives a list where the recipe has a section"),
+    (["tracking={wandb: 1}"], "recipe key 'tracking': a mapping where a list is expected, e.g. tracking=[a,b]"),
 ])
 def test_bad_values_name_the_key(recipes, override, message):
     with pytest.raises(RecipeError) as err:

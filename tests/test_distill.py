@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from tests.conftest import child_env, loop_models
 from tests.test_faults import fill, small_disk
@@ -66,6 +67,13 @@ def test_resume_refuses_a_different_recipe(models, tmp_path):
     check_resume_config(tmp_path, cfg)
     with pytest.raises(RecipeError, match=r"differs from the run's config.yaml in \['trainer'\]"):
         check_resume_config(tmp_path, load_recipe(models / "recipe.yaml", ["trainer.lr=0.5"]))
+    # a run written before the tracker section existed resumes while the recipe leaves it at its defaults
+    saved = OmegaConf.create(to_yaml(cfg))
+    del saved["tracker"]
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(saved))
+    check_resume_config(tmp_path, cfg)
+    with pytest.raises(RecipeError, match=r"differs from the run's config.yaml in \['tracker'\]"):
+        check_resume_config(tmp_path, load_recipe(models / "recipe.yaml", ["tracker.group=g"]))
 
 
 def _distill(models: Path, *args: str, env_extra: dict[str, str] | None = None, **popen) -> subprocess.Popen:
@@ -162,6 +170,26 @@ def test_run_records_then_kill_and_resume_continue_exactly(models, uninterrupted
     train_c = _train_records(run_b)
     assert [r["step"] for r in train_c] == [1, 2, 3, 4]
     assert train_c[3]["loss"] == pytest.approx(train[3]["loss"], rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.slow
+def test_a_requeued_command_with_resume_auto_continues_the_killed_run_and_leaves_a_complete_one(models, uninterrupted):
+    """A scheduler requeues the same command line with TURNOPD_RESUME=auto: the killed run continues
+    from its checkpoint to the uninterrupted run's losses; once complete, the command trains nothing
+    and exits 0."""
+    run_dir, requeue = models / "runs" / "requeued", {"TURNOPD_RESUME": "auto"}
+    _kill_at_checkpoint(_distill(models, "name=requeued", env_extra=requeue, start_new_session=True), run_dir, 2)
+    resumed = _distill(models, "name=requeued", env_extra=requeue)
+    out, _ = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, out
+    assert f"resuming {run_dir} from step 2" in out and not (models / "runs" / "requeued-2").exists()
+    _assert_same_steps(run_dir, _train_records(uninterrupted[0]))
+    records = (run_dir / "metrics.jsonl").read_text()
+    again = _distill(models, "name=requeued", "--resume", "auto")
+    out, _ = again.communicate(timeout=900)
+    assert again.returncode == 0, out
+    assert f"the newest run named 'requeued', {run_dir}, is complete" in out and "resuming" not in out
+    assert (run_dir / "metrics.jsonl").read_text() == records
 
 
 def _wait_for_step(run: subprocess.Popen, run_dir: Path, step: int) -> None:
@@ -392,6 +420,31 @@ def test_data_parallel_under_torchrun(models):
     assert [r["step"] for r in train_nodes] == [1, 2, 3, 4]
     assert [r["loss"] for r in train_nodes] == pytest.approx([r["loss"] for r in train], rel=1e-5, abs=1e-7)
     assert [r["tokens_trained"] for r in train_nodes] == [r["tokens_trained"] for r in train]
+
+
+@pytest.mark.slow
+def test_a_resume_on_another_world_size_is_refused_at_start(models, uninterrupted):
+    """Checkpoints of 2 ranks are not resumed by 1, nor those of 1 by 2 (each rank's optimizer partition
+    and RNG state are its own, docs/cluster.md): refused at start, naming both sizes, the run untouched."""
+    two_ranks = [*_torchrun(["--nproc-per-node", "2"], models, "two-ranks"), "trainer.steps=2"]
+    out = subprocess.run(two_ranks, env=child_env(), capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    run_dir = models / "runs" / "two-ranks"
+    records = (run_dir / "metrics.jsonl").read_text()
+    one_rank = [sys.executable, "-m", "turnopd.cli", *two_ranks[two_ranks.index("distill"):], "--resume", str(run_dir)]
+    out = subprocess.run(one_rank, env=child_env(), capture_output=True, text=True, timeout=900)
+    assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"error: --resume {run_dir}: its checkpoint step_000002 was written by 2 rank(s) and this launch has 1" in (
+        out.stderr)
+    assert (run_dir / "metrics.jsonl").read_text() == records
+
+    run_a = uninterrupted[0]
+    by_two = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "turnopd.cli", "distill",
+              str(models / "recipe.yaml"), "name=uninterrupted", "--resume", str(run_a)]
+    out = subprocess.run(by_two, env=child_env(), capture_output=True, text=True, timeout=900)
+    assert out.returncode != 0
+    assert "its checkpoint step_000004 was written by 1 rank(s) and this launch has 2" in out.stdout + out.stderr
+
 
 
 def test_a_step_the_env_ended_entirely_stops_the_run_naming_the_env_error(models, tmp_path):

@@ -227,8 +227,10 @@ def test_the_target_is_on_the_curves_metric_not_the_final_sampled_one(tmp_path: 
 
 def test_seeds_of_a_method_are_aggregated(tmp_path: Path):
     def run(name: str, method: str, seed: int, evals):
-        # config.yaml differs between seeds only in the per-run keys, so the seeds form one group
-        config = {"name": name, "seed": seed, "output_dir": str(tmp_path), "trainer": {"lr": 1e-6}}
+        # config.yaml differs between seeds only in the per-run keys (the tracker's group: seed 1 came
+        # from another sweep), so the seeds form one group
+        config = {"name": name, "seed": seed, "output_dir": str(tmp_path), "trainer": {"lr": 1e-6},
+                  "tracker": {"group": f"sweep{seed}", "tags": [method]}}
         return write_run(tmp_path, name, method=method, seed=seed, total_steps=1,
                          train=[(1, evals[-1][1])], evals=evals, config=config)
 
@@ -531,3 +533,21 @@ def test_a_run_its_training_budget_ended_is_complete_at_that_step(tmp_path):
         f.write(json.dumps({"kind": "budget_reached", "step": 2, "unit": "env_steps", "amount": 5, "spent": 6}) + "\n")
     run = load_run(run_dir)
     assert run.budget_step == 2 and run.complete
+
+
+def test_the_plot_legend_is_below_the_panels_which_keep_the_figure_width(tmp_path):
+    from turnopd.analysis.plot import frontier_figure
+
+    runs = [load_run(write_run(tmp_path, f"r{i}", method=m, total_steps=2, train=[(1, 10.0), (2, 20.0)],
+                               evals=[(0, 0.0, 0.2), (2, 20.0, 0.4 + 0.1 * i)], rollout_depth_cap=5, alpha=0.5,
+                               probed=False))
+            for i, m in enumerate(("turnopd", "vanilla_opd"))]
+    fig = frontier_figure(compare(runs), runs, "time")
+    fig.canvas.draw()
+    [legend] = fig.legends
+    acc_ax, depth_ax = fig.axes[:2]
+    # the panels span most of the figure's width; the whole legend lies below the lower panel's x label
+    assert acc_ax.get_position().width > 0.8 and depth_ax.get_position().width > 0.8
+    renderer = fig.canvas.get_renderer()
+    assert legend.get_window_extent(renderer).y1 <= depth_ax.get_tightbbox(renderer).y0
+    assert len(legend.get_texts()) >= 4  # two methods, the frontier, the Least-Time point

@@ -9,6 +9,7 @@ import pytest
 from teachers.spec import TeacherSpec
 from turnopd.cli import main
 from turnopd.config import ModelConfig, RecipeError
+from turnopd.core.data import resolve_data
 from turnopd.orchestration.preflight import check_student, check_teacher, is_hub_name
 
 
@@ -131,3 +132,64 @@ def test_dry_run_fails_on_bad_values(kw, message, tmp_path, capsys, no_network):
     assert _dry_run(tmp_path, **kw) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err
+
+
+def _write_run(run_dir, recipe, steps_done: int) -> None:
+    """A run folder of `recipe` (4 steps) with `steps_done` train records; the final evaluation at 4."""
+    import json
+
+    from turnopd.config import to_yaml
+    from turnopd.orchestration.recipe import load_recipe
+
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(to_yaml(load_recipe(recipe, ["trainer.steps=4"])))
+    records = [{"kind": "start", "total_steps": 4}] + [
+        {"kind": "train", "step": s, "train_time_s": float(s)} for s in range(1, steps_done + 1)]
+    if steps_done == 4:
+        records.append({"kind": "eval", "step": 4, "train_time_s": 4.0, "avg_at_k": 0.5})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_resume_auto_continues_the_newest_incomplete_run_and_exits_0_on_a_complete_one(tmp_path, capsys,
+                                                                                       monkeypatch, no_network):
+    runs = tmp_path / "runs"
+    assert _dry_run(tmp_path, overrides=["trainer.steps=4", "--resume", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert f"run dir {runs / 'hub'}, data folder " in out and "(resumed)" not in out  # none yet: a new run
+    assert f"data folder {resolve_data('multihop')}\n" in out
+    _write_run(runs / "hub", tmp_path / "recipe.yaml", 4)  # complete
+    _write_run(runs / "hub-2", tmp_path / "recipe.yaml", 2)  # killed after step 2: the newest
+    assert _dry_run(tmp_path, overrides=["trainer.steps=4", "--resume", "auto"]) == 0
+    assert f"run dir {runs / 'hub-2'} (resumed)" in capsys.readouterr().out
+    _write_run(runs / "hub-3", tmp_path / "recipe.yaml", 4)  # the newest is complete: not trained again
+    monkeypatch.setenv("TURNOPD_RESUME", "auto")  # the scheduler's way: the same command line
+    assert _dry_run(tmp_path, overrides=["trainer.steps=4"]) == 0
+    captured = capsys.readouterr()
+    assert "recipe OK" not in captured.out
+    assert f"--resume auto: the newest run named 'hub', {runs / 'hub-3'}, is complete" in captured.out
+    # a different recipe under the run's name (more steps, say) is refused, naming what differs
+    assert _dry_run(tmp_path, overrides=["trainer.steps=5"]) == 2
+    assert f"error: --resume {runs / 'hub-3'}: the recipe differs from the run's config.yaml in ['trainer']" in (
+        capsys.readouterr().err)
+    monkeypatch.setenv("TURNOPD_RESUME", str(runs / "hub-2"))
+    assert _dry_run(tmp_path, overrides=["trainer.steps=4"]) == 2
+    assert "error: TURNOPD_RESUME=" in capsys.readouterr().err
+
+
+def test_a_resume_on_another_world_size_is_refused_at_start(tmp_path, capsys, monkeypatch, no_network):
+    runs = tmp_path / "runs"
+    assert _dry_run(tmp_path, overrides=["trainer.steps=4"]) == 0
+    _write_run(runs / "hub", tmp_path / "recipe.yaml", 2)
+    checkpoint = runs / "hub" / "checkpoints" / "step_000002"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "loop_state.json").write_text('{"step": 2}')
+    for rank in (0, 1):  # written by 2 ranks
+        (checkpoint / f"rng_{rank}.pt").write_bytes(b"")
+    capsys.readouterr()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert _dry_run(tmp_path, overrides=["trainer.steps=4", "--resume", "auto"]) == 2
+    assert (f"error: --resume {runs / 'hub'}: its checkpoint step_000002 was written by 2 rank(s) and this launch "
+            "has 1; resume it on 2") in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert _dry_run(tmp_path, overrides=["trainer.steps=4", "--resume", str(runs / "hub")]) == 0
+    assert f"run dir {runs / 'hub'} (resumed)" in capsys.readouterr().out

@@ -66,9 +66,11 @@ def test_plan_builds_one_command_per_method_and_seed():
     # interleaved: seed 0 of every method, then seed 1
     assert [run.name for run in plan] == ["abl-turnopd-s0", "abl-tcod_f2b-s0", "abl-turnopd-s1", "abl-tcod_f2b-s1"]
     assert plan[2].argv == ("turnopd", "distill", "recipes/r.yaml", "name=abl-turnopd-s1", "seed=1",
-                            "output_dir=out", "depth.mode=adaptive", "loss.mode=progressive",
+                            "output_dir=out", "tracker.group=abl", "tracker.tags=[turnopd]", "depth.mode=adaptive",
+                            "loss.mode=progressive",
                             "trainer.steps=5")
-    assert plan[1].argv[3:] == ("name=abl-tcod_f2b-s0", "seed=0", "output_dir=out", "depth.mode=curriculum",
+    assert plan[1].argv[3:] == ("name=abl-tcod_f2b-s0", "seed=0", "output_dir=out", "tracker.group=abl",
+                                "tracker.tags=[tcod_f2b]", "depth.mode=curriculum",
                                 "depth.curriculum_first_step=1", "loss.mode=turn_row_mean",
                                 "trainer.turn_rows_per_update=64", "trainer.steps=5")
     assert plan[1].run_dir == Path("out/abl-tcod_f2b-s0")
@@ -83,6 +85,7 @@ def test_plan_builds_one_command_per_method_and_seed():
     (["turnopd"], 0, [], "--seeds must be at least 1"),
     (["turnopd"], 1, ["seed=3"], "seed=3 would overrule"),
     (["turnopd"], 1, ["depth.mode=full"], "depth.mode=full would overrule"),
+    (["turnopd"], 1, ["tracker.group=g"], "tracker.group=g would overrule"),
     (["turnopd"], 1, ["trainer.steps"], "must be key=value"),
 ])
 def test_plan_rejects_bad_input(methods, seeds, overrides, message):

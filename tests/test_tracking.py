@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import hide_package, loop_models
 from turnopd.config import RecipeError
 from turnopd.core.metrics import read_metrics
-from turnopd.core.tracking import TRACKERS, TrackedRun, saved_id, wandb_mode
+from turnopd.core.tracking import TRACKERS, TrackedRun, TrackerSettings, saved_id, wandb_mode
 
 CONFIG = {"name": "tracked", "seed": 3, "trainer": {"lr": 0.001, "betas": [0.9, 0.999]}, "env": {"options": {}}}
 URL = "http://10.0.0.1:8000"  # a teacher replica's URL: characters MLflow names do not allow
@@ -239,6 +239,28 @@ def test_mlflow_local_store_reads_back_and_resumes_the_same_run(tmp_path, plot, 
     assert len(client.search_runs([run.info.experiment_id])) == 1
 
 
+SETTINGS = TrackerSettings(project="sweeps", entity="lab", group="abl", tags=["turnopd", "alfworld"],
+                           run_name="abl-turnopd-s0")
+
+
+def test_the_tracker_settings_reach_the_wandb_offline_run(tmp_path, plot, offline_wandb):
+    feed(TrackedRun(tmp_path, SETTINGS.run_name, CONFIG, 0, SETTINGS), "wandb", plot)
+    [log] = finished_wandb_logs(tmp_path, 1)
+    [run] = [r.run for r in log if r.WhichOneof("record_type") == "run"]
+    assert (run.project, run.entity, run.run_group, list(run.tags), run.display_name) == (
+        "sweeps", "lab", "abl", ["turnopd", "alfworld"], "abl-turnopd-s0")
+
+
+def test_the_tracker_settings_reach_mlflow(tmp_path, plot, local_mlflow):
+    feed(TrackedRun(tmp_path, SETTINGS.run_name, CONFIG, 0, SETTINGS), "mlflow", plot)
+    client = mlflow_client(tmp_path)
+    run = client.get_run(saved_id(tmp_path, "mlflow"))
+    assert client.get_experiment(run.info.experiment_id).name == "sweeps"
+    assert run.info.run_name == "abl-turnopd-s0"
+    assert {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")} == {
+        "turnopd": "", "alfworld": "", "group": "abl"}
+
+
 # ---- the recipe key ----------------------------------------------------------------------------------
 
 
@@ -278,7 +300,8 @@ def test_a_distillation_logs_each_step_to_every_tracker(tmp_path, tiny_model_dir
     from turnopd.orchestration.recipe import load_recipe
 
     models = loop_models(tmp_path / "loop", tiny_model_dir, RECIPE)
-    cfg = load_recipe(models / "recipe.yaml", ["tracking=[tensorboard,wandb,mlflow]"])
+    cfg = load_recipe(models / "recipe.yaml", ["tracking=[tensorboard,wandb,mlflow]", "tracker.group=abl",
+                                               "tracker.run_name=named"])
     run_dir = Path(run_distillation(cfg)["run_dir"])
     records = read_metrics(run_dir / "metrics.jsonl")
     loss = {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
@@ -295,9 +318,12 @@ def test_a_distillation_logs_each_step_to_every_tracker(tmp_path, tiny_model_dir
     assert wandb_series(rows, "eval/avg_at_1")[2] == final["avg_at_k"]
     assert wandb_series(rows, "frontier/_type") == {2: "image-file"}
     assert config["trainer"]["steps"] == cfg.trainer.steps and config["name"] == cfg.name
+    [wandb_run] = [r.run for r in finished_wandb_logs(run_dir, 1)[0] if r.WhichOneof("record_type") == "run"]
+    assert (wandb_run.run_group, wandb_run.display_name) == ("abl", "named")
 
     client, run_id = mlflow_client(run_dir), saved_id(run_dir, "mlflow")
     assert mlflow_series(client, run_id, "train/loss") == loss
     assert client.get_run(run_id).data.params["trainer.episodes_per_step"] == str(cfg.trainer.episodes_per_step)
+    assert (client.get_run(run_id).info.run_name, client.get_run(run_id).data.tags["group"]) == ("named", "abl")
     assert [a.path for a in client.list_artifacts(run_id)] == ["frontier.png"]
     assert (run_dir / "frontier.png").stat().st_size > 10_000

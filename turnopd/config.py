@@ -16,18 +16,19 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from turnopd.algorithm.judge import JUDGES, MEMORY_MODES
 from turnopd.core.metrics import WORK_UNITS
 from turnopd.core.registry import Registry
-from turnopd.core.tracking import TRACKERS, TRACKING_EXTRA
+from turnopd.core.tracking import TRACKERS, TRACKING_EXTRA, TrackerSettings
 
 
 class RecipeError(ValueError):
@@ -509,6 +510,8 @@ class RunConfig(Section):
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     # experiment trackers beside metrics.jsonl, any of turnopd.core.tracking's (tensorboard, wandb, mlflow)
     tracking: list[str] = field(default_factory=lambda: ["tensorboard"], metadata=_registered("tracker"))
+    # where they file the run: project, entity, group, tags, run_name (turnopd.core.tracking.TrackerSettings)
+    tracker: TrackerSettings = field(default_factory=TrackerSettings)
 
     def sections(self) -> list[Section]:
         """The sections that check rules, in the order of CHECKED_SECTIONS, then the recipe itself (its
@@ -560,8 +563,24 @@ def compose(recipe: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Di
         bad = [o for o in overrides if "=" not in o]
         if bad:
             raise RecipeError(f"overrides must be key=value, got {bad}")
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+        for override in overrides:  # one at a time: a merge of a list into a mapping names no key
+            try:
+                cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([override]))
+            except TypeError:
+                key = override_key(override)
+                given = OmegaConf.select(OmegaConf.from_dotlist([override]), key)
+                raise RecipeError(f"recipe key '{key}': override {override!r} gives a {_shape(given)} where the "
+                                  f"recipe has a {_shape(OmegaConf.select(cfg, key))}") from None
     return cfg
+
+
+def override_key(override: str) -> str:
+    """The dotted key of a `key=value` override."""
+    return override.split("=", 1)[0].strip()
+
+
+def _shape(node: Any) -> str:
+    return "section" if isinstance(node, DictConfig) else "list" if isinstance(node, ListConfig) else "value"
 
 
 def _check_allowed(obj: Any, registries: Mapping[str, Registry], prefix: str = "") -> None:
@@ -603,6 +622,29 @@ def check_consistency(cfg: RunConfig) -> None:
         section.check(cfg)
 
 
+def mismatched_shape(cfg: Any, schema: type, prefix: str = "") -> str | None:
+    """A one-line error for the first key of `cfg` whose shape is not its schema's: a plain value or a
+    list where a section is expected (`student=Qwen/...`), a mapping where a list is. OmegaConf's merge
+    error names no key for these."""
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        value = cfg.get(f.name) if isinstance(cfg, DictConfig) else None
+        kinds = (hints[f.name], *typing.get_args(hints[f.name]))
+        section = next((t for t in kinds if dataclasses.is_dataclass(t)), None)
+        key = f"{prefix}{f.name}"
+        if value is None:
+            continue
+        if section is not None and not isinstance(value, DictConfig):
+            fields = [f.name for f in dataclasses.fields(section)]
+            return (f"recipe key '{key}': {value!r} is a value, and '{key}' is a section of keys ({', '.join(fields)}); "
+                    f"set one of them, e.g. {key}.{fields[0]}={value}")
+        if isinstance(value, DictConfig) and any(typing.get_origin(t) in (list, tuple) for t in kinds):
+            return f"recipe key '{key}': a mapping where a list is expected, e.g. {key}=[a,b]"
+        if section is not None and (inner := mismatched_shape(value, section, f"{key}.")):
+            return inner
+    return None
+
+
 def validate(cfg: DictConfig, schema: type = RunConfig,
              checks: Sequence[Callable[[Any], None]] = (check_consistency,),
              registries: Mapping[str, Registry] | None = None) -> Any:
@@ -617,10 +659,12 @@ def validate(cfg: DictConfig, schema: type = RunConfig,
         if missing:
             raise RecipeError(f"recipe keys missing a value: {', '.join(missing)}")
         run = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None) or "?"
-        msg = getattr(exc, "msg", None) or str(exc)
-        raise RecipeError(f"recipe key '{key}': {msg.splitlines()[0]}") from None
+    except (OmegaConfBaseException, TypeError) as exc:  # TypeError: containers of different kinds merged
+        key = getattr(exc, "full_key", None)
+        if not key and (mismatch := mismatched_shape(cfg, schema)):
+            raise RecipeError(mismatch) from None
+        msg = (getattr(exc, "msg", None) or str(exc)).splitlines()[0]
+        raise RecipeError(f"recipe key '{key}': {msg}" if key else f"recipe: {msg}") from None
     _check_allowed(run, {**algorithm_registries(), TRACKERS.kind: TRACKERS, **(registries or {})})
     for check in checks:
         check(run)

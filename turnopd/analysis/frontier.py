@@ -76,8 +76,9 @@ Axis = Literal["time", "step"]
 # Avg@k means over seeds carry float rounding; "reached the target" allows for it.
 ACCURACY_TOLERANCE = 1e-9
 DEFAULT_CONFIG = json.loads(json.dumps(dataclasses.asdict(RunConfig()), default=str))
-# config.yaml keys that differ between the seeds of one recipe, so they do not split a group.
-PER_RUN_CONFIG_KEYS = ("name", "seed", "output_dir")
+# config.yaml keys that differ between the seeds of one recipe, so they do not split a group (tracker:
+# where a run is filed, e.g. two sweeps' groups, not what it trains).
+PER_RUN_CONFIG_KEYS = ("name", "seed", "output_dir", "tracker")
 DEFAULT_BASELINE_METHOD = "vanilla_opd"
 WORK = ("tokens_generated", "tokens_scored", "tokens_trained", "env_steps")  # train-record work measures
 BOOTSTRAP = 2000  # resamples of each interval

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from turnopd.config import RecipeError, to_yaml
 from turnopd.orchestration.recipe import load_recipe
@@ -31,12 +32,36 @@ def show(args: argparse.Namespace) -> int:
     return 0
 
 
+def resume_arg(args: argparse.Namespace) -> str | None:
+    """--resume, else $TURNOPD_RESUME (a scheduler sets it once for every requeue): only `auto` there."""
+    if args.resume:
+        return args.resume
+    env = os.environ.get("TURNOPD_RESUME", "").strip()
+    if env and env != "auto":
+        raise RecipeError(f"TURNOPD_RESUME={env!r}: only 'auto' is accepted there (a run folder goes in --resume)")
+    return env or None
+
+
 def distill(args: argparse.Namespace) -> int:
+    from turnopd.orchestration.preflight import RunComplete
+
     try:
         cfg = load_recipe(args.recipe, args.overrides)
+        args.resume = resume_arg(args)
     except RecipeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    try:
+        return _distill(cfg, args)
+    except RunComplete as done:
+        from turnopd.core.distributed import rank_and_world
+
+        if rank_and_world()[0] == 0:
+            print(done, flush=True)
+        return 0
+
+
+def _distill(cfg: Any, args: argparse.Namespace) -> int:
     if args.dry_run:  # checks models by name only: hub students and vllm_server teachers need no download/server
         from teachers.spec import TeacherSpecError
         from turnopd.orchestration.preflight import dry_run
@@ -47,6 +72,7 @@ def distill(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         return 0
+    from teachers import TeacherServerError
     from turnopd.core.distributed import rank_and_world
     from turnopd.core.faults import DiskFull
     from turnopd.core.interrupt import RunStopped
@@ -56,7 +82,11 @@ def distill(args: argparse.Namespace) -> int:
 
     try:
         summary = run_distillation(cfg, resume=args.resume)
-    except (EnvFailed, GeneratorError, TrainingDiverged, DiskFull) as exc:  # the run's own verdict: no traceback needed
+    except RecipeError as exc:  # found at start, before heavy work (a resume on another world size, say)
+        if rank_and_world()[0] == 0:
+            print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (EnvFailed, GeneratorError, TrainingDiverged, DiskFull, TeacherServerError) as exc:  # the run's own verdict: no traceback needed
         print(f"error: the run stopped: {exc}", file=sys.stderr)
         return 1
     except RunStopped as stopped:
@@ -84,7 +114,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("distill", help="run on-policy distillation from a recipe")
     _add_recipe_args(p)
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.add_argument("--resume", metavar="RUN_DIR|auto",
+                   help="continue a run from its last checkpoint; `auto` (or $TURNOPD_RESUME=auto): the newest "
+                        "incomplete run of the recipe's name if there is one, else a new run; a complete one exits 0")
     p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
     p.add_argument("--dry-run", action="store_true",
                    help="validate the recipe, data, models and tokenizers, then stop before training")

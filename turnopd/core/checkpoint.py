@@ -162,6 +162,11 @@ def load_loop_state(ckpt: Path) -> dict[str, Any]:
         return json.load(f)
 
 
+def saved_world_size(ckpt: Path) -> int:
+    """How many ranks wrote checkpoint `ckpt` (each writes its rng_<rank>.pt)."""
+    return len(list(ckpt.glob("rng_*.pt")))
+
+
 def load_rng(ckpt: Path) -> None:
     rank, _ = rank_and_world()
     set_rng_state(load_plain(ckpt / f"rng_{rank}.pt"))

@@ -1,10 +1,15 @@
-"""What a person watching a run sees: a rich progress bar per optimizer step and a closing summary."""
+"""What a person watching a run sees: a rich progress bar per optimizer step, one per evaluation's
+episodes, and a closing summary. Written to a log (not a terminal) the bars become lines: one per
+step, with its ETA, and one every EpisodeProgress.every_s seconds of an evaluation."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
+from rich.errors import LiveError
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -17,7 +22,7 @@ from rich.table import Table
 
 from turnopd.core.metrics import StepRecord
 from turnopd.core.tracking import TRACKERS
-from turnopd.core.types import describe_env_errors
+from turnopd.core.types import Trajectory, describe_env_errors
 
 console = Console()
 
@@ -31,8 +36,10 @@ def progress_bar(label: str, fields: str, **kwargs: Any) -> Progress:
 class StepProgress:
     """step k/K, depth cap, alpha, training success, tokens/s, elapsed and ETA."""
 
-    def __init__(self, total_steps: int, start_step: int = 0, enabled: bool = True):
-        self.enabled = enabled
+    def __init__(self, total_steps: int, start_step: int = 0, enabled: bool = True,
+                 clock: Callable[[], float] = time.monotonic):
+        self.enabled, self.start_step, self.clock = enabled, start_step, clock
+        self.started = clock()
         if not enabled:
             return
         self._progress = progress_bar(
@@ -50,8 +57,10 @@ class StepProgress:
                       kl=f"{record.mean_kl:.3f}", tps=f"{(record.tokens_generated + record.tokens_trained) / step_time:.0f}")
         self._progress.update(self._task, completed=record.step, **fields)
         if not console.is_terminal:  # a log file gets a line per step instead of a redrawn bar
-            console.print(f"step {record.step}/{self._progress.tasks[0].total}: " +
-                          ", ".join(f"{k} {v}" for k, v in fields.items()) + f", {record.wall_time_s:.0f} s")
+            total = int(self._progress.tasks[0].total)
+            per_step = (self.clock() - self.started) / max(record.step - self.start_step, 1)  # this launch's pace
+            console.print(f"step {record.step}/{total}: " + ", ".join(f"{k} {v}" for k, v in fields.items()) +
+                          f", {record.wall_time_s:.0f} s, ETA {duration(per_step * (total - record.step))}")
         if record.env_failures:  # one unwrapped line; a message may hold [brackets], which are not markup
             console.print(f"step {record.step}: {describe_env_errors(record.env_errors, record.episodes)}",
                           style="yellow", markup=False, soft_wrap=True)
@@ -59,6 +68,61 @@ class StepProgress:
     def close(self) -> None:
         if self.enabled:
             self._progress.stop()
+
+
+def duration(seconds: float) -> str:
+    """45 s, 12.5 min, 3.2 h."""
+    return f"{seconds:.0f} s" if seconds < 100 else f"{seconds / 60:.1f} min" if seconds < 6000 else \
+        f"{seconds / 3600:.1f} h"
+
+
+class EpisodeProgress:
+    """The episodes of an evaluation or a step's rollout as they end: done/total, won, rate and ETA;
+    a rich bar in a terminal, else a line every `every_s` seconds and one at the end (none for what
+    ends sooner). Use as a context manager and pass `episode_done` to the rollout."""
+
+    def __init__(self, label: str, total: int, enabled: bool = True, every_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.label, self.total, self.enabled, self.every_s, self.clock = label, total, enabled, every_s, clock
+        self.done = self.won = 0
+        self.started = self.last_line = clock()
+        self._bar = progress_bar(label, "won {task.fields[won]}", console=console, transient=True) \
+            if enabled and console.is_terminal else None
+        if self._bar is not None:
+            self._task = self._bar.add_task(label, total=total, won=0)
+
+    def __enter__(self) -> EpisodeProgress:
+        if self._bar is not None:
+            try:
+                self._bar.start()
+            except LiveError:  # rich < 14 nests no live display (the step's bar is one): lines instead
+                self._bar = None
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def episode_done(self, trajectory: Trajectory) -> None:
+        if not self.enabled:
+            return
+        self.done += 1
+        self.won += bool(trajectory.success)
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.done, won=self.won)
+            return
+        now = self.clock()
+        last_of_a_long_one = self.done == self.total and now - self.started >= self.every_s
+        if now - self.last_line >= self.every_s or last_of_a_long_one:
+            self.last_line = now
+            console.print(self.line(now), markup=False)
+
+    def line(self, now: float) -> str:
+        elapsed = now - self.started
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        eta = duration((self.total - self.done) / rate) if rate else "-"
+        return (f"{self.label}: {self.done}/{self.total} episodes, {self.won} won, {60 * rate:.1f} episodes/min, "
+                f"{duration(elapsed)} so far, ETA {eta}")
 
 
 def _pct(x: float | None) -> str:

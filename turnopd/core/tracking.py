@@ -7,12 +7,17 @@ mirrors its records for a dashboard, on rank 0, flushing each one as its library
   teacher_eval/per_type/<task type>, ...; its per-task scores stay in metrics.jsonl);
 - the run's accuracy-vs-training-time plot (frontier.png) at the end.
 
-- tensorboard: event files in <run_dir>/tensorboard (a resumed run hides the steps it trains again).
-- wandb: project "turnopd", the run's name and resolved recipe, files in <run_dir>/wandb. Online
+Where a run is filed is the recipe's `tracker` section (TrackerSettings: project, entity, group, tags,
+run_name), each tracker taking what it has a place for:
+- tensorboard: event files in <run_dir>/tensorboard (a resumed run hides the steps it trains again);
+  it has no project or tags (point `tensorboard --logdir` at the runs to compare).
+- wandb: the project (default "turnopd"), entity, group, tags and run name (default the recipe's
+  name), the resolved recipe as its config, files in <run_dir>/wandb. Online
   when $WANDB_MODE says so, or when it is unset and an API key ($WANDB_API_KEY, or a netrc entry for
   the W&B host) and the host are there; else offline (`wandb sync <run_dir>/wandb/offline-run-*`
   uploads it later). Steps are on the "step" metric, so evaluations share their step's point.
-- mlflow: experiment "turnopd", the flattened recipe as params, in $MLFLOW_TRACKING_URI or else a
+- mlflow: the project as the experiment, the run name, the tags as tags with an empty value and the
+  group as the tag `group` (MLflow has no entity), the flattened recipe as params, in $MLFLOW_TRACKING_URI or else a
   local file store <run_dir>/mlruns (`MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri
   <run_dir>/mlruns`).
 A resumed run (--resume) continues the same wandb and mlflow runs: their ids are in
@@ -30,7 +35,7 @@ import secrets
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 from urllib.parse import urlparse
@@ -42,14 +47,27 @@ IDS_FILE = "tracking.json"  # in the run folder: tracker -> the id of its run, f
 SKIPPED_EVAL_FIELDS = ("per_task",)  # one series per held-out task: metrics.jsonl keeps them
 
 
+@dataclass
+class TrackerSettings:
+    """The recipe's `tracker` section: where the trackers file the run (what each one uses: the module
+    docstring). Sweeps organize their runs by group and tags (`turnopd sweep` sets them)."""
+
+    project: str = "turnopd"
+    entity: str | None = None  # a wandb team or user; None: the API key's default
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+    run_name: str | None = None  # None: the recipe's name
+
+
 @dataclass(frozen=True)
 class TrackedRun:
     """What a tracker is opened with."""
 
     run_dir: Path
-    name: str
+    name: str  # the run's name in the tracker
     config: dict[str, Any]  # the resolved recipe, plain containers
     start_step: int  # 0, or the checkpoint step a resumed run continues from
+    settings: TrackerSettings = field(default_factory=TrackerSettings)
 
 
 class Tracker(Protocol):
@@ -209,8 +227,10 @@ class WandbTracker(_ScalarTracker):
             run_id = secrets.token_hex(6)
             save_id(run.run_dir, "wandb", run_id)
         self.wandb = wandb
-        self.run = wandb.init(project="turnopd", name=run.name, dir=str(run.run_dir), config=run.config,
-                              id=run_id, resume="allow", mode=wandb_mode())
+        settings = run.settings
+        self.run = wandb.init(project=settings.project, entity=settings.entity, group=settings.group,
+                              tags=list(settings.tags) or None, name=run.name, dir=str(run.run_dir),
+                              config=run.config, id=run_id, resume="allow", mode=wandb_mode())
         # on their own step axis: an evaluation logs to the step its train record did, and a resumed
         # run to the steps after its checkpoint, which wandb's monotonic _step would drop
         self.run.define_metric("step")
@@ -258,9 +278,7 @@ class MlflowTracker(_ScalarTracker):
         except MlflowException:  # another store, or the run was deleted: start a new one
             known = None
         if known is None:
-            experiment = self.client.get_experiment_by_name("turnopd")
-            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment("turnopd")
-            self.run_id = self.client.create_run(experiment_id, run_name=run.name).info.run_id
+            self.run_id = self._create_run(run)
             save_id(run.run_dir, "mlflow", self.run_id)
             known = {}
         else:
@@ -270,6 +288,16 @@ class MlflowTracker(_ScalarTracker):
                   if _mlflow_key(k) not in known]
         for i in range(0, len(params), MLFLOW_BATCH["params"]):
             self.client.log_batch(self.run_id, params=params[i:i + MLFLOW_BATCH["params"]])
+
+    def _create_run(self, run: TrackedRun) -> str:
+        """A new run in the experiment named by the settings' project, with their tags and group."""
+        project = run.settings.project
+        experiment = self.client.get_experiment_by_name(project)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(project)
+        tags = {tag: "" for tag in run.settings.tags}
+        if run.settings.group:
+            tags["group"] = run.settings.group
+        return self.client.create_run(experiment_id, run_name=run.name, tags=tags).info.run_id
 
     def log_scalars(self, values: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric

@@ -14,6 +14,7 @@ from envs.pool import EnvPool
 from teachers import TeacherSpec
 from turnopd.config import RunConfig
 from turnopd.core.distributed import gather_objects, rank_and_world
+from turnopd.core.progress import EpisodeProgress
 from turnopd.core.types import EpisodeSummary, env_errors
 from turnopd.engines.hf_models import load_model
 from turnopd.orchestration.preflight import Setup
@@ -30,9 +31,11 @@ def run_eval(cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Policy, step: 
     rank, world = rank_and_world()
     k = k or cfg.eval.k
     shard = setup.eval_tasks[rank::world]  # empty on the last ranks when there are fewer tasks than ranks
-    local = evaluate(setup.spec, pool, policy, shard, split=setup.eval_split, env_config=cfg.env,
-                     policy_config=cfg.policy, k=k, temperature=cfg.eval.temperature,
-                     seed=cfg.seed + step).trajectories if shard else []
+    label = f"eval at step {step}" + (f" (rank 0's {len(shard)} of {len(setup.eval_tasks)} tasks)" if world > 1 else "")
+    with EpisodeProgress(label, len(shard) * k, enabled=rank == 0) as progress:
+        local = evaluate(setup.spec, pool, policy, shard, split=setup.eval_split, env_config=cfg.env,
+                         policy_config=cfg.policy, k=k, temperature=cfg.eval.temperature, seed=cfg.seed + step,
+                         on_episode=progress.episode_done).trajectories if shard else []
     episodes = [e for part in gather_objects([EpisodeSummary.of(t) for t in local]) for e in part]
     overall, per_type, per_task = avg_at_k(episodes, k)
     return EvalResult(setup.eval_split, k, overall, per_type, len(setup.eval_tasks),
@@ -91,8 +94,11 @@ def evaluate_teacher(cfg: RunConfig, setup: Setup, spec: TeacherSpec, pool: EnvP
         return EvalResult.from_record(json.loads(cache.read_text()))
     policy = teacher_policy(cfg, spec)
     try:
-        result = evaluate(setup.spec, pool, policy, setup.eval_tasks, split=setup.eval_split, env_config=cfg.env,
-                          policy_config=cfg.policy, k=cfg.eval.k, temperature=cfg.eval.temperature, seed=cfg.seed)
+        with EpisodeProgress("teacher eval", len(setup.eval_tasks) * cfg.eval.k,
+                             enabled=rank_and_world()[0] == 0) as progress:
+            result = evaluate(setup.spec, pool, policy, setup.eval_tasks, split=setup.eval_split, env_config=cfg.env,
+                              policy_config=cfg.policy, k=cfg.eval.k, temperature=cfg.eval.temperature,
+                              seed=cfg.seed, on_episode=progress.episode_done)
     finally:
         policy.close()
     if not result.env_failures:  # a score the env cut short is not the teacher's: measure it again next run

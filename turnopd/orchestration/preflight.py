@@ -34,6 +34,9 @@ from teachers import TEACHER_BACKENDS, TeacherSpec, TeacherSpecError, load_teach
 from teachers.spec import served_model_name
 from turnopd.algorithm.objective import ESTIMATORS
 from turnopd.config import ModelConfig, RecipeError, RunConfig, to_yaml
+from turnopd.core.checkpoint import list_checkpoints, saved_world_size
+from turnopd.core.distributed import rank_and_world
+from turnopd.orchestration.sweep import run_state
 from turnopd.rollout.world_model_pool import load_world_model_meta
 
 # Hugging Face repo ids: `namespace/name` of letters, digits, '-', '_', '.'; no '--' or '..'; <= 96 chars
@@ -229,43 +232,83 @@ def check_setup(cfg: RunConfig) -> tuple[Setup, list[str]]:
     return setup, notes
 
 
+class RunComplete(Exception):
+    """`--resume auto` found the newest run of the recipe's name complete: nothing is trained again."""
+
+
+def runs_with_records(cfg: RunConfig) -> list[Path]:
+    """The run folders of the recipe's name that hold records, oldest first: runs/<name>, runs/<name>-2, ..."""
+    base = Path(cfg.output_dir) / cfg.name
+    found, run_dir = [], base
+    while (run_dir / "metrics.jsonl").exists():
+        found.append(run_dir)
+        run_dir = base.with_name(f"{base.name}-{len(found) + 1}")
+    return found
+
+
 def new_run_dir(cfg: RunConfig) -> Path:
     """runs/<name>, or runs/<name>-2, -3, ... when a run of that name exists (use --resume to continue it)."""
     base = Path(cfg.output_dir) / cfg.name
-    run_dir, i = base, 1
-    while (run_dir / "metrics.jsonl").exists():
-        i += 1
-        run_dir = base.with_name(f"{base.name}-{i}")
-    return run_dir
+    found = runs_with_records(cfg)
+    return base.with_name(f"{base.name}-{len(found) + 1}") if found else base
 
 
 def check_resume_config(run_dir: Path, cfg: RunConfig) -> None:
+    if not (run_dir / "config.yaml").is_file():
+        raise RecipeError(f"--resume {run_dir}: not a run folder (no config.yaml)")
     saved = OmegaConf.load(run_dir / "config.yaml")
-    now = OmegaConf.create(to_yaml(cfg))
-    diff = [k for k in set(saved) | set(now) if saved.get(k) != now.get(k)]
+    now, defaults = OmegaConf.create(to_yaml(cfg)), OmegaConf.create(to_yaml(RunConfig()))
+    # a section added since the run was written (tracker, say) matches when the recipe leaves its defaults
+    diff = [k for k in set(saved) | set(now) if saved.get(k, defaults.get(k)) != now.get(k)]
     if diff:
         raise RecipeError(f"--resume {run_dir}: the recipe differs from the run's config.yaml in {sorted(diff)}")
 
 
-def run_dir_for(cfg: RunConfig, resume: str | None) -> Path:
-    """The run's folder: a new one, or the `--resume` folder of a run with the same recipe."""
-    if not resume:
-        return new_run_dir(cfg)
-    run_dir = Path(resume)
-    if not (run_dir / "config.yaml").is_file():
-        raise RecipeError(f"--resume {run_dir}: not a run folder (no config.yaml)")
+def auto_resume_dir(cfg: RunConfig) -> Path | None:
+    """`--resume auto`: the newest run of the recipe's name when it is incomplete, None when there is
+    none (a new run starts); RunComplete when it is complete."""
+    found = runs_with_records(cfg)
+    if not found:
+        return None
+    check_resume_config(found[-1], cfg)  # before judging it complete: a recipe with more steps is another run
+    if run_state(found[-1]) == "complete":
+        raise RunComplete(f"--resume auto: the newest run named {cfg.name!r}, {found[-1]}, is complete "
+                          "(final evaluation written); nothing to train")
+    return found[-1]
+
+
+def check_world_size(run_dir: Path) -> None:
+    """A run resumes on the world size that wrote its checkpoints, else is refused: each rank's ZeRO
+    optimizer partition and RNG state are its own, so only the same ranks continue it exactly."""
+    checkpoints = list_checkpoints(run_dir)
+    saved, world = (saved_world_size(checkpoints[-1]) if checkpoints else 0), rank_and_world()[1]
+    if saved and saved != world:
+        raise RecipeError(f"--resume {run_dir}: its checkpoint {checkpoints[-1].name} was written by {saved} "
+                          f"rank(s) and this launch has {world}; resume it on {saved} (torchrun with WORLD_SIZE="
+                          f"{saved}): each rank's optimizer partition and RNG state are its own, so a run continues "
+                          "exactly only on the world size that wrote it (docs/cluster.md)")
+
+
+def run_dir_for(cfg: RunConfig, resume: str | None) -> tuple[Path, bool]:
+    """The run's folder and whether it resumes: a new one, the `--resume` folder of a run with the
+    same recipe, or for `--resume auto` the newest incomplete run of the recipe's name if there is one."""
+    run_dir = auto_resume_dir(cfg) if resume == "auto" else Path(resume) if resume else None
+    if run_dir is None:
+        return new_run_dir(cfg), False
     check_resume_config(run_dir, cfg)
-    return run_dir
+    check_world_size(run_dir)
+    return run_dir, True
 
 
 def dry_run(cfg: RunConfig, resume: str | None = None) -> dict[str, Any]:
     """`turnopd distill RECIPE --dry-run`: check everything a run needs before heavy work, print
     what was checked and where each model will come from, and stop."""
     setup, notes = check_setup(cfg)
-    run_dir = run_dir_for(cfg, resume)
+    run_dir, resuming = run_dir_for(cfg, resume)
     print(f"recipe OK: env {cfg.env.name} ({len(setup.train_tasks)} train / {len(setup.eval_tasks)} "
           f"{setup.eval_split} tasks), student {cfg.student.path}, teachers "
-          f"{ {env: s.model for env, s in setup.teacher_specs.items()} }, run dir {run_dir}")
+          f"{ {env: s.model for env, s in setup.teacher_specs.items()} }, run dir {run_dir}{' (resumed)' if resuming else ''}, "
+          f"data folder {getattr(setup.spec, 'root', None) or 'none (the env reads no task data)'}")
     for note in notes:
         print(f"  {note}")
     return {"dry_run": True, "notes": notes}

@@ -47,7 +47,7 @@ class RunLog:
         self.writer.write({"kind": "start", "name": cfg.name, "method": method_of(dataclasses.asdict(cfg)),
                            "seed": cfg.seed, "total_steps": cfg.trainer.steps, "resumed_from_step": start_step,
                            "world_size": world, "models": model_builds(setup)})
-        tracked = TrackedRun(run_dir, cfg.name, dataclasses.asdict(cfg), start_step)
+        tracked = TrackedRun(run_dir, cfg.tracker.run_name or cfg.name, dataclasses.asdict(cfg), start_step, cfg.tracker)
         self.trackers = [TRACKERS.get(name)(tracked) for name in cfg.tracking]
 
     def train(self, record: StepRecord) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import random
+import secrets
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,11 +18,12 @@ import torch
 
 from envs.base import shows_screenshots
 from teachers import Teacher, check_tokenizers, make_teachers
+from teachers.vllm_server import check_server
 from turnopd.algorithm.budget import DepthSchedule, make_depth_schedule
 from turnopd.algorithm.objective import ESTIMATORS
-from turnopd.config import RunConfig
+from turnopd.config import RecipeError, RunConfig
 from turnopd.core import checkpoint as ckpt
-from turnopd.core.distributed import barrier, rank_and_world
+from turnopd.core.distributed import barrier, gather_objects, rank_and_world
 from turnopd.core.ledger import Ledger
 from turnopd.core.metrics import WorkSpent, truncate_after_step
 from turnopd.core.pixels import PixelStore, default_pixel_root
@@ -135,13 +137,42 @@ def run_pixel_store(cfg: RunConfig, spec: Any, run_dir: Path) -> None:
     spec.pixel_store.clear()
 
 
+SHARED_MARKER = ".shared-by-every-rank"
+
+
+def check_shared_run_dir(run_dir: Path) -> None:
+    """Every rank writes into the run folder (rank 0 creates it and renames its checkpoints), so with
+    several ranks, across nodes, it must be one folder on a filesystem they all mount. Rank 0 writes
+    a marker with a fresh token there; a rank that does not read it back refuses, and so do all (a
+    collective: every rank calls it)."""
+    rank, _ = rank_and_world()
+    marker = run_dir / SHARED_MARKER
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        marker.write_text(secrets.token_hex(8))
+    # after rank 0 wrote it: its token and where its run folder is
+    token, where = gather_objects((marker.read_text(), str(run_dir.absolute())) if rank == 0 else None)[0]
+    sees = gather_objects(marker.is_file() and marker.read_text() == token)
+    barrier()
+    if rank == 0:
+        marker.unlink()
+    blind = [r for r, ok in enumerate(sees) if not ok]
+    if blind:
+        raise RecipeError(f"run folder {where}: rank(s) {blind} do not see what rank 0 writes there; "
+                          "every rank writes into the run folder, so on several nodes it must be on a filesystem "
+                          "they all share (set output_dir to one, docs/cluster.md)")
+
+
 def open_run(cfg: RunConfig, resume: str | None = None) -> DistillRun:
     """Check the recipe's setup (before any heavy work), build and load the models, and restore the
     last checkpoint of a resumed run (a run killed before its first checkpoint starts over)."""
     setup, _ = check_setup(cfg)  # fails fast, naming the problem: data, splits, models, teacher specs
-    run_dir = run_dir_for(cfg, resume)
+    for spec in (s for s in setup.teacher_specs.values() if s.backend == "vllm_server"):
+        check_server(spec)  # a server that is not vLLM is refused now, not at the first scoring
+    run_dir, resuming = run_dir_for(cfg, resume)
     if rank_and_world()[1] > 1:
-        init_process_group()  # for the barrier below (one process joins it later, in the Trainer)
+        init_process_group()  # for the collectives below (one process joins it later, in the Trainer)
+        check_shared_run_dir(run_dir)
     build_missing_models(cfg, setup)
     seed_everything(cfg.seed)  # after the builds, which draw random numbers of their own
     trainer, tokenizer, policy, teachers = load_models(cfg, setup)
@@ -154,7 +185,7 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> DistillRun:
     outcomes = Outcomes(cfg)
 
     start_step, ledger, spent = 0, Ledger(), WorkSpent()
-    state = restore_checkpoint(run_dir, trainer) if resume else None
+    state = restore_checkpoint(run_dir, trainer) if resuming else None
     if state is not None:
         with trainer.gathered_parameters() as student_weights:
             policy.update_weights(student_weights)
@@ -162,7 +193,7 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> DistillRun:
         outcomes.load_state_dict(state.get("outcomes", {}))  # older checkpoints: none kept
         start_step, spent = state["step"], WorkSpent(**state.get("spent", {}))  # older checkpoints: none kept
         ledger = Ledger(train_time_offset=state["train_time_s"], wall_time_offset=state["wall_time_s"])
-    if resume and rank_and_world()[0] == 0:
+    if resuming and rank_and_world()[0] == 0:
         dropped = truncate_after_step(run_dir / "metrics.jsonl", start_step)
         if start_step:
             print(f"resuming {run_dir} from step {start_step} ({dropped} records past it dropped)")

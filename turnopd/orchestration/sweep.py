@@ -3,7 +3,7 @@
 Each run is a subprocess
 
     <launcher> RECIPE name=<sweep>-<method>-s<seed> seed=<seed> output_dir=<DIR>
-               <method overrides> <overrides>
+               tracker.group=<sweep> tracker.tags=[<method>] <method overrides> <overrides>
 
 with the launcher `python -m turnopd.cli distill` by default (a cluster launcher such as
 `torchrun --nproc-per-node 8 -m turnopd.cli distill` works the same way). The run's folder
@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Literal
 
 from turnopd.analysis.frontier import load_run
+from turnopd.config import override_key
 from turnopd.core.methods import METHODS
 
 DEFAULT_LAUNCHER = (sys.executable, "-m", "turnopd.cli", "distill")
 # keys the sweep sets per run; a user override of one would make the runs collide
-PER_RUN_KEYS = ("name", "seed", "output_dir")
+PER_RUN_KEYS = ("name", "seed", "output_dir", "tracker.group", "tracker.tags")
 
 RunState = Literal["new", "incomplete", "complete"]
 
@@ -59,10 +60,6 @@ def run_name(sweep: str, method: str, seed: int) -> str:
     return f"{sweep}-{method}-s{seed}"
 
 
-def _override_key(override: str) -> str:
-    return override.split("=", 1)[0].strip()
-
-
 def plan_sweep(recipe: str, methods: Sequence[str], seeds: int, out_dir: str | Path, sweep: str,
                overrides: Sequence[str] = (), launcher: Sequence[str] = DEFAULT_LAUNCHER) -> list[PlannedRun]:
     """The runs of a sweep, interleaved: seed 0 of every method, then seed 1, ... (so that a drift of
@@ -82,8 +79,8 @@ def plan_sweep(recipe: str, methods: Sequence[str], seeds: int, out_dir: str | P
     malformed = [o for o in overrides if "=" not in o]
     if malformed:
         raise SweepError(f"overrides must be key=value, got {malformed}")
-    method_keys = {_override_key(o) for m in methods for o in METHODS[m]}
-    clashing = [o for o in overrides if _override_key(o) in (*PER_RUN_KEYS, *method_keys)]
+    method_keys = {override_key(o) for m in methods for o in METHODS[m]}
+    clashing = [o for o in overrides if override_key(o) in (*PER_RUN_KEYS, *method_keys)]
     if clashing:
         raise SweepError(f"override(s) {', '.join(clashing)} would overrule what the sweep sets per run "
                          f"({', '.join((*PER_RUN_KEYS, *sorted(method_keys)))}); "
@@ -93,7 +90,7 @@ def plan_sweep(recipe: str, methods: Sequence[str], seeds: int, out_dir: str | P
         for method in methods:
             name = run_name(sweep, method, seed)
             argv = (*launcher, str(recipe), f"name={name}", f"seed={seed}", f"output_dir={out_dir}",
-                    *METHODS[method], *overrides)
+                    f"tracker.group={sweep}", f"tracker.tags=[{method}]", *METHODS[method], *overrides)
             plan.append(PlannedRun(name, method, seed, Path(out_dir) / name, argv))
     return plan
 

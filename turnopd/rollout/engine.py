@@ -170,7 +170,8 @@ EpisodeRunner = Callable[[int, Callable[[Any], Awaitable[Trajectory]]], Awaitabl
 async def play_all(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *, env_config: EnvConfig,
                    sampling: SamplingParams, turn_limits: Sequence[int] | None = None, probes: int = 0,
                    ledger: Any = None, actions: ActionSource = POLICY_SAMPLE,
-                   run_episode: EpisodeRunner | None = None) -> list[Trajectory]:
+                   run_episode: EpisodeRunner | None = None,
+                   on_episode: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     """`rollout` inside a running event loop."""
     if not tasks:
         raise ValueError("rollout needs at least one task")
@@ -184,7 +185,10 @@ async def play_all(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *
         episode = functools.partial(play_episode, spec, policy=policy, task_id=task, slot=i, episode=i,
                                     env_config=env_config, sampling=sampling, is_probe=i < probes, ledger=ledger,
                                     turn_limit=turn_limits[i], actions=actions, renderer=renderer)
-        return await (run_episode(i, episode) if run_episode is not None else episode(pool))
+        trajectory = await (run_episode(i, episode) if run_episode is not None else episode(pool))
+        if on_episode is not None:
+            on_episode(trajectory)
+        return trajectory
 
     return list(await asyncio.gather(*(play(i, task) for i, task in enumerate(tasks))))
 
@@ -192,14 +196,15 @@ async def play_all(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *
 def rollout(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *, env_config: EnvConfig,
             sampling: SamplingParams, turn_limits: Sequence[int] | None = None, probes: int = 0,
             ledger: Any = None, actions: ActionSource = POLICY_SAMPLE,
-            run_episode: EpisodeRunner | None = None) -> list[Trajectory]:
+            run_episode: EpisodeRunner | None = None,
+            on_episode: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     """Play one episode per task id (repeat a task id for several samples of it), all at once in
     slots 0..len(tasks)-1, episode i for at most turn_limits[i] turns (default: the horizon,
     env_config.max_turns, for every one; the batch plan decides them, probes at the horizon:
     turnopd.orchestration.pipeline.plan.episode_turn_limits); the first `probes` are marked as
     probes (Trajectory.is_probe). `actions` chooses each turn's action (the policy's sample by
-    default); `run_episode` wraps each episode (see the module docstring). Returns the trajectories
-    in the order of `tasks`."""
+    default); `run_episode` wraps each episode (see the module docstring); `on_episode` is called with
+    each trajectory as it ends (a progress bar). Returns the trajectories in the order of `tasks`."""
     return asyncio.run(play_all(spec, pool, policy, tasks, env_config=env_config, sampling=sampling,
                                 turn_limits=turn_limits, probes=probes, ledger=ledger, actions=actions,
-                                run_episode=run_episode))
+                                run_episode=run_episode, on_episode=on_episode))

@@ -38,7 +38,7 @@ class InProcessRollouts:
             self.addons.start_batch(plan.step)
         trajectories = play_and_score(self.cfg, self.setup.spec, self.pool, self.policy, self.teachers,
                                       step_episodes(self.cfg, self.setup.train_tasks, plan), self.ledger,
-                                      world=world, judge=judge)
+                                      world=world, judge=judge, step=plan.step)
         added = self.addons.end_batch(trajectories) if self.addons is not None else {}
         self._stats = dataclasses.replace(PipelineStats("sync", weight_version=plan.step), **added)
         return trajectories

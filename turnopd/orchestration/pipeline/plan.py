@@ -21,6 +21,7 @@ from turnopd.algorithm.world_model_corrections import (
 from turnopd.config import RunConfig
 from turnopd.core.distributed import rank_and_world
 from turnopd.core.ledger import Ledger
+from turnopd.core.progress import EpisodeProgress
 from turnopd.core.types import Trajectory
 from turnopd.orchestration.preflight import scoring_topk
 from turnopd.rollout import Policy, SamplingParams
@@ -169,18 +170,22 @@ def score(cfg: RunConfig, teachers: dict[str, Teacher], trajectories: list[Traje
 
 
 def play_and_score(cfg: RunConfig, spec: EnvSpec, pool: EnvPool, policy: Policy, teachers: dict[str, Teacher],
-                   episodes: Episodes, ledger: Ledger, world: WorldModelPool | None = None, judge: Judge | None = None
-                   ) -> list[Trajectory]:
+                   episodes: Episodes, ledger: Ledger, world: WorldModelPool | None = None, judge: Judge | None = None,
+                   step: int = 0) -> list[Trajectory]:
     """Play the episodes (all at once, each within its turn limit; the simulated ones in `world`) and
     score them (see score). With world_model.samples >= 2 each
     trajectory's loss weight is its inverse-variance factor. The whole is the ledger's "probe" (a
     probe step) or "rollout" phase; inside it, generation, env, world_model and teacher are busy
-    times (the first three overlap), and so is a `judge`'s (turnopd.rollout.judge)."""
-    with ledger.phase("probe" if episodes.probe else "rollout"):
+    times (the first three overlap), and so is a `judge`'s (turnopd.rollout.judge). Rank 0 shows the
+    episodes' progress (turnopd.core.progress.EpisodeProgress) of step `step`."""
+    phase = "probe" if episodes.probe else "rollout"
+    with ledger.phase(phase), EpisodeProgress(f"step {step} {phase}", len(episodes.tasks),
+                                              enabled=rank_and_world()[0] == 0) as progress:
         trajectories = rollout(spec, pool, policy, episodes.tasks, env_config=cfg.env, sampling=episodes.sampling,
                                turn_limits=episodes.turn_limits, probes=episodes.probes, ledger=ledger,
                                actions=judge or POLICY_SAMPLE,
-                               run_episode=world.runner(pool, episodes.simulated, ledger.busy) if world else None)
+                               run_episode=world.runner(pool, episodes.simulated, ledger.busy) if world else None,
+                               on_episode=progress.episode_done)
         if world is not None and cfg.world_model.denoise == "trajectory_variance" and cfg.world_model.samples >= 2:
             weights = inverse_variance_weights([trajectory_variance(trace_of(t).disagreements) for t in trajectories],
                                                cfg.world_model.variance_floor)
