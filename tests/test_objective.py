@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from turnopd.algorithm.objective import (
     ADVANTAGES,
-    deep_turn_share,
     WeightParams,
+    deep_turn_share,
     divergence,
     final_token_weights,
     full_vocab_loss,
@@ -309,10 +309,12 @@ def test_deep_turn_share_sums_over_ranks():
     # two ranks: this one holds trajectory 0 above (deep mass .75 of 1.5); the other reports deep 0.25 of 0.5
     traj, turn = torch.tensor([0, 0, 0]), torch.tensor([0, 1, 2])
     w, loss = torch.full((3,), 0.25), torch.tensor([1.0, 2.0, 3.0])
-    other = [0.25, 0.5]
-    share = deep_turn_share(w, loss, turn, traj, lambda xs: [a + b for a, b in zip(xs, other, strict=True)])
-    assert share == pytest.approx((0.75 + 0.25) / (1.5 + 0.5))  # 0.5
-    assert deep_turn_share(w[:0], loss[:0], turn[:0], traj[:0], lambda xs: [a + b for a, b in zip(xs, other)]) == 0.5
+
+    def plus_other_rank(sums):
+        return [a + b for a, b in zip(sums, [0.25, 0.5], strict=True)]
+
+    assert deep_turn_share(w, loss, turn, traj, plus_other_rank) == pytest.approx((0.75 + 0.25) / (1.5 + 0.5))
+    assert deep_turn_share(w[:0], loss[:0], turn[:0], traj[:0], plus_other_rank) == 0.5  # a rank with no token
 
 
 def test_final_token_weights_by_hand():
