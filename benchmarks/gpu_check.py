@@ -208,7 +208,7 @@ def deepspeed_bf16_step(device: torch.device, shape: dict[str, int]) -> dict[str
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from turnopd.config import TrainerConfig
-    from turnopd.trainer.engine import deepspeed_config, init_process_group
+    from turnopd.trainer.deepspeed_setup import deepspeed_config, init_process_group
 
     init_process_group()  # NCCL on a GPU, gloo on a CPU; rank 0 of 1
     ones = torch.ones(4, device=device)

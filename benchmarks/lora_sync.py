@@ -31,7 +31,7 @@ from record import Summary, save_result
 
 from turnopd.config import LoraConfig, LossConfig, ObjectiveConfig, PolicyConfig, TrainerConfig
 from turnopd.core.types import Trajectory, Turn, build_token_batch
-from turnopd.engines.lora import add_adapter, sync_state
+from turnopd.loaders.lora import add_adapter, sync_state
 from turnopd.models import prepare_model
 from turnopd.orchestration.pipeline.shared_weights import SharedWeights
 from turnopd.trainer import Trainer

@@ -58,7 +58,7 @@ from turnopd.config import EnvConfig, PolicyConfig  # noqa: E402
 from turnopd.core.ledger import Ledger  # noqa: E402
 from turnopd.core.types import Trajectory, Turn, trajectory_sequences  # noqa: E402
 from turnopd.rollout import SamplingParams, make_policy  # noqa: E402
-from turnopd.rollout.engine import SlotPool, play_episode, rollout  # noqa: E402
+from turnopd.rollout.agent_loop import SlotPool, play_episode, rollout  # noqa: E402
 from turnopd.rollout.render import chat_prompt_ids  # noqa: E402
 
 MAX_MODEL_LEN = 4096

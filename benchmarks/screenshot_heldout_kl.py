@@ -30,9 +30,9 @@ from teachers.scoring import score_trajectories
 from teachers.spec import load_teacher_spec
 from turnopd.config import EnvConfig, PolicyConfig
 from turnopd.core.checkpoint import list_checkpoints
-from turnopd.engines.screens import attach_screens
+from turnopd.loaders.screens import attach_screens
 from turnopd.rollout import SamplingParams, make_policy
-from turnopd.rollout.engine import rollout
+from turnopd.rollout.agent_loop import rollout
 
 
 def measure(model: Path, processor_dir: Path, spec, config: EnvConfig, teachers, tasks: list[str]) -> dict:

@@ -33,11 +33,11 @@ from envs.pool import EnvPool
 from turnopd.config import EnvConfig, LossConfig, ObjectiveConfig, PolicyConfig, TrainerConfig
 from turnopd.core.pixels import KEY_CHARS
 from turnopd.core.types import build_token_batch
-from turnopd.engines.hf_models import load_model
-from turnopd.engines.screens import attach_screens
+from turnopd.loaders.hf_models import load_model
+from turnopd.loaders.screens import attach_screens
 from turnopd.models import vlm
 from turnopd.rollout import SamplingParams, make_policy
-from turnopd.rollout.engine import rollout
+from turnopd.rollout.agent_loop import rollout
 from turnopd.trainer import Trainer
 
 MODELS = Path("~/.cache/turnopd/models").expanduser()

@@ -187,7 +187,7 @@ def collect_demonstrations(spec: EnvSpec, env_config: EnvConfig, split: str, epi
 def demo_contexts(demo: Demonstration, env_config: EnvConfig,
                   answer_format: str | None = None) -> Iterator[tuple[PromptContext, DemoStep]]:
     """Each turn of a demonstration with the prompt context the rollout engine builds for that turn
-    (turnopd.rollout.engine.rollout: the last env.history_length (observation, action) pairs)."""
+    (turnopd.rollout.agent_loop.rollout: the last env.history_length (observation, action) pairs)."""
     history: list[tuple[str, str]] = []
     for turn, step in enumerate(demo.steps):
         yield PromptContext(task=demo.task, step=turn, observation=step.observation,

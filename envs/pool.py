@@ -209,7 +209,7 @@ class InlineWorkers:
 
 
 class EnvPool:
-    # the ledger's name for the busy time of its resets and steps (turnopd.rollout.engine.play_episode);
+    # the ledger's name for the busy time of its resets and steps (turnopd.rollout.agent_loop.play_episode);
     # a pool whose steps are not the env's names its own (the world-model pool: "world_model")
     ledger_resource = "env"
 

@@ -61,7 +61,7 @@ from omegaconf import OmegaConf
 from teachers.base import TEACHER_BACKENDS, Teacher
 from turnopd.config import RecipeError, validate
 from turnopd.core.data import REPO_ROOT
-from turnopd.engines.lora import vllm_lora_rank
+from turnopd.loaders.lora import vllm_lora_rank
 
 
 class TeacherSpecError(ValueError):

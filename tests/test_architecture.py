@@ -14,7 +14,7 @@ PACKAGES = ("turnopd", "teachers", "envs")
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("turnopd", "turnopd.core")),
     ("algorithm, config, analysis", ("turnopd.algorithm", "turnopd.config", "turnopd.analysis")),
-    ("backends", ("turnopd.engines", "envs", "teachers", "turnopd.rollout", "turnopd.trainer", "turnopd.models")),
+    ("backends", ("turnopd.loaders", "envs", "teachers", "turnopd.rollout", "turnopd.trainer", "turnopd.models")),
     ("orchestration", ("turnopd.orchestration",)),
     ("commands", ("turnopd.commands", "turnopd.cli")),
 ]
@@ -178,15 +178,15 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 
 def test_package_circles_are_found():
-    graph = {"turnopd.engines.a": {"turnopd.models.b"}, "turnopd.models.b": {"turnopd.engines.c"},
-             "turnopd.engines.c": set(), "envs.x.y": {"turnopd.core.z"}, "turnopd.core.z": set()}
+    graph = {"turnopd.loaders.a": {"turnopd.models.b"}, "turnopd.models.b": {"turnopd.loaders.c"},
+             "turnopd.loaders.c": set(), "envs.x.y": {"turnopd.core.z"}, "turnopd.core.z": set()}
     assert cycles(graph) == []  # no module circle
     assert package_graph(graph)["envs"] == {"turnopd.core"}
-    assert cycles(package_graph(graph)) == [["turnopd.engines", "turnopd.models"]]
+    assert cycles(package_graph(graph)) == [["turnopd.loaders", "turnopd.models"]]
 
 
 def test_no_package_circles():
-    """No circle among the packages either (turnopd.engines, turnopd.models, turnopd.rollout, envs,
+    """No circle among the packages either (turnopd.loaders, turnopd.models, turnopd.rollout, envs,
     teachers, ...): each can be read, and replaced, above the ones it imports."""
     assert cycles(package_graph(import_graph())) == []
 

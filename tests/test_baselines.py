@@ -25,7 +25,7 @@ from tests.trainer.helpers import (
 )
 from tests.trainer.test_data_parallel import LAUNCH_VARS
 from tests.trainer.test_trainer import assert_adam_params_match, params
-from turnopd.algorithm.budget import CurriculumDepth, make_depth_schedule
+from turnopd.algorithm.controllers import CurriculumDepth, make_depth_schedule
 from turnopd.algorithm.objective import k1_decoupled_loss, k1_proximal_loss, token_weights, turn_row_index
 from turnopd.config import RecipeError
 from turnopd.core.methods import METHODS, method_of

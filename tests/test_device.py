@@ -11,12 +11,12 @@ import os
 import pytest
 import torch
 
-import turnopd.engines.hf_models as hf_models
-import turnopd.engines.vllm_engine as vllm_engine
+import turnopd.loaders.hf_models as hf_models
+import turnopd.loaders.vllm_engine as vllm_engine
 from teachers import TeacherSpec, make_teacher
 from turnopd.config import PolicyConfig
 from turnopd.core.device import matmul_peak_flops, pin_process_to_local_gpu, run_device
-from turnopd.engines.hf_models import load_model, load_student
+from turnopd.loaders.hf_models import load_model, load_student
 from turnopd.rollout import make_policy
 
 META = torch.device("meta")

@@ -130,9 +130,9 @@ def test_episodes_of_steps_and_waves(recipe):
     assert step.tasks == sample_tasks(tasks, 2, cfg.seed, 5, salt=0)  # what the sync loop draws
     assert step.sampling.seed == cfg.seed * 1_000_003 + 5
     probes = step_episodes(cfg, tasks, BatchPlan(5, turn_limits=(3, 3), probes=2))
-    assert probes.probe and probes.tasks == sample_tasks(tasks, 2, cfg.seed, 5, salt=1)
+    assert probes.is_probe_step and probes.tasks == sample_tasks(tasks, 2, cfg.seed, 5, salt=1)
     waves = [wave_episodes(cfg, tasks, start_step=0, wave=w, cap=2) for w in range(4)]
-    assert all(len(w.tasks) == 3 and w.turn_limits == (2, 2, 2) and not w.probe for w in waves)
+    assert all(len(w.tasks) == 3 and w.turn_limits == (2, 2, 2) and not w.is_probe_step for w in waves)
     assert waves[1] == wave_episodes(cfg, tasks, start_step=0, wave=1, cap=2)  # a pure function
     assert len({w.sampling.seed for w in waves}) == 4
     resumed = wave_episodes(cfg, tasks, start_step=2, wave=1, cap=2)  # a resumed run draws other waves
@@ -193,13 +193,13 @@ def _reference_sync_losses(cfg) -> list[tuple[float, int, int]]:
     (loss, tokens generated, depth cap) per step."""
     from envs.pool import EnvPool
     from teachers import make_teacher, score_trajectories
-    from turnopd.algorithm.budget import loss_alpha, make_depth_schedule
+    from turnopd.algorithm.controllers import loss_alpha, make_depth_schedule
     from turnopd.core.types import build_token_batch
-    from turnopd.engines.hf_models import load_student
+    from turnopd.loaders.hf_models import load_student
     from turnopd.orchestration.preflight import check_setup
     from turnopd.orchestration.startup import seed_everything
     from turnopd.rollout import SamplingParams, make_policy
-    from turnopd.rollout.engine import rollout
+    from turnopd.rollout.agent_loop import rollout
     from turnopd.trainer import Trainer
 
     setup, _ = check_setup(cfg)
@@ -266,7 +266,7 @@ def test_sync_mode_matches_the_loop_before_the_pipeline(models, sync_run):
 
 def _rollouts(models: Path, *overrides: str, train_steps=range(4)):
     """A GeneratorRollouts on the recipe, the trainer it publishes for, and the student at version 0."""
-    from turnopd.engines.hf_models import load_student
+    from turnopd.loaders.hf_models import load_student
     from turnopd.orchestration.preflight import check_setup
     from turnopd.trainer import Trainer
 

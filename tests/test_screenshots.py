@@ -27,12 +27,12 @@ from turnopd.config import EnvConfig, LossConfig, ObjectiveConfig, PolicyConfig,
 from turnopd.core.pixels import KEY_CHARS
 from turnopd.core.text import expand_placeholders
 from turnopd.core.types import build_token_batch
-from turnopd.engines.screens import attach_screens
+from turnopd.loaders.screens import attach_screens
 from turnopd.models import vlm
 from turnopd.models.tiny import build_tiny_model
 from turnopd.orchestration.recipe import load_recipe
 from turnopd.rollout import SamplingParams, make_policy
-from turnopd.rollout.engine import rollout
+from turnopd.rollout.agent_loop import rollout
 from turnopd.trainer import Trainer
 
 SIZE = {"hidden_size": 64, "num_layers": 1, "num_heads": 1, "max_position_embeddings": 2048,
@@ -140,7 +140,7 @@ def test_generation_log_probs_are_the_model_s_on_the_screenshots(played):
 
 
 def make_trainer(models: Path) -> Trainer:
-    from turnopd.engines.hf_models import load_model
+    from turnopd.loaders.hf_models import load_model
 
     model, _ = load_model(models / "student", "float32")
     return Trainer(model.train(), TrainerConfig(lr=1e-3, micro_batch_tokens=4096), ObjectiveConfig(estimator="k1"),

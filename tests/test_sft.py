@@ -35,7 +35,7 @@ from turnopd.orchestration.sft import (
     run_sft,
 )
 from turnopd.rollout import Generation, Policy, SamplingParams
-from turnopd.rollout.engine import rollout
+from turnopd.rollout.agent_loop import rollout
 
 # ---- a small in-process env: walk to desk 1, 2, ..., n in order --------------------------------
 

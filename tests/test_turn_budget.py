@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from turnopd.algorithm.budget import DepthController, make_depth_schedule
+from turnopd.algorithm.controllers import DepthController, make_depth_schedule
 from turnopd.config import DepthConfig, EnvConfig, RunConfig, TrainerConfig
 from turnopd.core.ledger import Ledger
 from turnopd.core.metrics import StepRecord
@@ -30,13 +30,13 @@ def test_plan_batch_probe_steps_mixed_steps_and_rollout_steps():
     depth = DepthController(h_min=2, h_max=30, min_successes=1, warmup_steps=1, probe_every=2)
     depth.cap = 9  # as if updated
     probe = plan_batch(depth, 1, cfg)  # warm-up 1, every 2 steps: steps 1, 3, ... probe the whole batch
-    assert (probe.turn_limits, probe.probes, probe.probe, probe.cap) == ((30, 30, 30, 30), 4, True, 30)
+    assert (probe.turn_limits, probe.probes, probe.is_probe_step, probe.cap) == ((30, 30, 30, 30), 4, True, 30)
     rollouts = plan_batch(depth, 2, cfg)
-    assert (rollouts.turn_limits, rollouts.probes, rollouts.probe, rollouts.cap) == ((9, 9, 9, 9), 0, False, 9)
+    assert (rollouts.turn_limits, rollouts.probes, rollouts.is_probe_step, rollouts.cap) == ((9, 9, 9, 9), 0, False, 9)
     more = plan_batch(DepthController(h_max=30, warmup_steps=0, num_probes=6), 0, cfg)  # a probe step of 6
-    assert more.turn_limits == (30,) * 6 and more.probe
+    assert more.turn_limits == (30,) * 6 and more.is_probe_step
     mixed = plan_batch(DepthController(h_max=30, warmup_steps=0, num_probes=2), 0, cfg)  # 2 probes among 4
-    assert (mixed.turn_limits, mixed.probe, mixed.cap) == ((30, 30, 30, 30), False, 30)  # no update yet: cap 30
+    assert (mixed.turn_limits, mixed.is_probe_step, mixed.cap) == ((30, 30, 30, 30), False, 30)  # no update yet: cap 30
     continuous = DepthController(h_max=30, warmup_steps=0, probe_fraction=0.25)
     continuous.cap = 5
     assert plan_batch(continuous, 3, cfg).turn_limits == (30, 5, 5, 5)  # round(0.25 x 4) = 1 probe

@@ -60,7 +60,7 @@ class Section:
 def algorithm_registries() -> dict[str, Registry]:
     """The registries of the algorithm layer, by kind. Imported when a recipe is validated, not with
     this module: env workers unpickle an EnvConfig, and should not load torch for it."""
-    from turnopd.algorithm.budget import ALPHA_SCHEDULES, DEPTH_MODES
+    from turnopd.algorithm.controllers import ALPHA_SCHEDULES, DEPTH_MODES
     from turnopd.algorithm.familiarity import FAMILIARITY_MODES, FAMILIARITY_SIGNALS
     from turnopd.algorithm.objective import ADVANTAGES, ESTIMATORS, TOKEN_WEIGHT_MODES
 

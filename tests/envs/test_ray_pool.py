@@ -104,7 +104,7 @@ def test_greedy_rollouts_are_the_local_pools(cluster, alfworld, tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from turnopd.rollout import POLICY_BACKENDS, SamplingParams
-    from turnopd.rollout.engine import rollout
+    from turnopd.rollout.agent_loop import rollout
 
     config = EnvConfig(name="alfworld", max_turns=4, history_length=1, answer_format="action")
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)

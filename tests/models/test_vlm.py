@@ -16,8 +16,8 @@ import torch
 
 from envs.webshop.screenshot import CELL_H, CELL_W, Screen, draw_lines
 from turnopd.core.text import expand_placeholders
-from turnopd.engines.hf_models import image_tokens_of
-from turnopd.engines.screens import screen_image
+from turnopd.loaders.hf_models import image_tokens_of
+from turnopd.loaders.screens import screen_image
 from turnopd.models import vlm
 
 # Small but the real shapes: a 576 x 576 screen in 24 x 24 patches; text head size 64 (in tiny.HEAD_DIMS).

@@ -22,7 +22,7 @@ async def _generate(policy, prompts, sampling, episodes, turn_index):
 
 
 def lockstep_rollout(spec, pool, policy, tasks, *, env_config, sampling, cap, is_probe=False) -> list[Trajectory]:
-    """`turnopd.rollout.engine.rollout`'s episodes, played in lock-step through the pool's batch calls."""
+    """`turnopd.rollout.agent_loop.rollout`'s episodes, played in lock-step through the pool's batch calls."""
     depth = min(env_config.max_turns, cap)
     outcomes = pool.reset(list(tasks))
     trajs = [Trajectory(task_id=t, env_name=spec.name, is_probe=is_probe, task_type=spec.task_type(t),

@@ -17,8 +17,8 @@ from turnopd.config import EnvConfig, PolicyConfig
 from turnopd.core.ledger import Ledger
 from turnopd.orchestration.pipeline.plan import episode_turn_limits
 from turnopd.rollout import POLICY_BACKENDS, Generation, Policy, SamplingParams
+from turnopd.rollout.agent_loop import POLICY_SAMPLE, rollout
 from turnopd.rollout.completion import PromptTooLongError
-from turnopd.rollout.engine import POLICY_SAMPLE, rollout
 from turnopd.rollout.render import chat_prompt_ids
 from turnopd.rollout.takeover import Takeover
 

@@ -19,7 +19,7 @@ from tests.rollout.lockstep import lockstep_rollout
 from turnopd.config import EnvConfig, PolicyConfig
 from turnopd.models.tiny import build_tiny_model
 from turnopd.rollout import POLICY_BACKENDS, SamplingParams
-from turnopd.rollout.engine import rollout
+from turnopd.rollout.agent_loop import rollout
 from turnopd.rollout.takeover import Takeover
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from turnopd.config import PolicyConfig
-from turnopd.engines.hf_models import length_batches
+from turnopd.loaders.hf_models import length_batches
 from turnopd.rollout import POLICY_BACKENDS, SamplingParams
 from turnopd.rollout.base import generate_all, request_seed
 from turnopd.rollout.completion import PromptTooLongError, finish_completion

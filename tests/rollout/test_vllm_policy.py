@@ -156,7 +156,7 @@ def test_alfworld_rollout_with_vllm_policy(untied):
     their log-probs as transformers computes them for exactly the recorded prompt."""
     from envs import make_env_spec
     from envs.pool import EnvPool
-    from turnopd.rollout.engine import rollout
+    from turnopd.rollout.agent_loop import rollout
 
     policy, model = untied
     env_config = EnvConfig(name="alfworld", max_turns=4, history_length=0)
@@ -196,7 +196,7 @@ def test_lora_student_syncs_its_adapter_only(tiny_model_dir):
     from transformers import AutoTokenizer
 
     from turnopd.config import LoraConfig
-    from turnopd.engines.lora import add_adapter, sync_state
+    from turnopd.loaders.lora import add_adapter, sync_state
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     model = add_adapter(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),

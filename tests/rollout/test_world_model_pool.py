@@ -16,7 +16,7 @@ from envs.pool import EnvPool
 from turnopd.config import EnvConfig
 from turnopd.core.types import Trajectory, Turn
 from turnopd.rollout import Generation, Policy, SamplingParams
-from turnopd.rollout.engine import rollout
+from turnopd.rollout.agent_loop import rollout
 from turnopd.rollout.world_model_pool import NO_STATUS, WorldModelPool, listed, trace_of
 
 

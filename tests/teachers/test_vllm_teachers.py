@@ -37,7 +37,7 @@ from teachers import (  # noqa: E402
 )
 from turnopd.config import EnvConfig, PolicyConfig  # noqa: E402
 from turnopd.rollout import POLICY_BACKENDS, SamplingParams  # noqa: E402
-from turnopd.rollout.engine import rollout  # noqa: E402
+from turnopd.rollout.agent_loop import rollout  # noqa: E402
 
 SERVER_READY_S = 300
 TOPK = 5
@@ -140,7 +140,7 @@ def test_in_process_lora_teacher_matches_transformers(lora_adapter, tiny_model_d
 
     from vllm.config.lora import MaxLoRARanks
 
-    from turnopd.engines.lora import VLLM_LORA_RANKS
+    from turnopd.loaders.lora import VLLM_LORA_RANKS
 
     assert typing.get_args(MaxLoRARanks) == VLLM_LORA_RANKS  # the ranks the spec picks from are vLLM's
     adapter_dir, _ = lora_adapter

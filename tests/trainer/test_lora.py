@@ -14,8 +14,8 @@ from tests.conftest import TINY_CORPUS
 from tests.trainer.helpers import configs, random_trajectories, reference_loss, tiny_llama
 from turnopd.config import LoraConfig, RecipeError
 from turnopd.core.types import build_token_batch
-from turnopd.engines.hf_models import load_model
-from turnopd.engines.lora import (
+from turnopd.loaders.hf_models import load_model
+from turnopd.loaders.lora import (
     add_adapter,
     base_state_dict,
     load_sync_state,

@@ -8,7 +8,7 @@ import torch
 
 from turnopd.config import TrainerConfig
 from turnopd.core.types import TokenBatch
-from turnopd.trainer.engine import deepspeed_config
+from turnopd.trainer.deepspeed_setup import deepspeed_config
 from turnopd.trainer.packing import build_micro_batch, pack_by_tokens
 from turnopd.trainer.schedule import lr_factor
 

@@ -569,7 +569,7 @@ def per_trajectory_turn_means(per_token: torch.Tensor, traj_ids: torch.Tensor, t
     """Per trajectory 0..num_trajectories-1 of a batch, the mean of a per-token value (the KL, a
     familiarity signal) over each turn 0..D-1 (D = largest turn index + 1; a turn without student
     tokens reads 0.0; a trajectory without any, []). Of the KL: the input of the depth controller
-    (turnopd.algorithm.budget.probe_statistics)."""
+    (turnopd.algorithm.controllers.probe_statistics)."""
     out: list[list[float]] = [[] for _ in range(num_trajectories)]
     for traj in torch.unique(traj_ids).tolist():
         sel = traj_ids == traj

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from turnopd.core.checkpoint import list_checkpoints
-from turnopd.engines.lora import is_adapter_folder, merge_adapter
+from turnopd.loaders.lora import is_adapter_folder, merge_adapter
 from turnopd.models import (
     MODEL_PREPARERS,
     ModelPrepareError,

@@ -50,8 +50,8 @@ from safetensors.torch import load_file, save_file
 
 from envs.base import IMAGE_PLACEHOLDER
 from turnopd.core.text import expand_placeholders
-from turnopd.engines.hf_models import image_tokens_of
-from turnopd.engines.screens import screen_pixel_values
+from turnopd.loaders.hf_models import image_tokens_of
+from turnopd.loaders.screens import screen_pixel_values
 from turnopd.models.base import MODEL_PREPARERS, building
 
 if TYPE_CHECKING:
@@ -184,7 +184,7 @@ def build_tiny_vlm(out_dir: str | Path, texts: Sequence[str], **size: Any) -> Pa
     return out_dir
 
 
-# ---- prompts: the one place each is done (a screen's pixel_values: turnopd.engines.screens) ------------
+# ---- prompts: the one place each is done (a screen's pixel_values: turnopd.loaders.screens) ------------
 
 def transcribe_prompt_ids(tok: PreTrainedTokenizerBase, config: LlavaConfig) -> list[int]:
     """The chat prompt "<|im_start|>user\\n<image>\\nTranscribe the page.<|im_end|>\\n<|im_start|>assistant\\n"

@@ -1,9 +1,9 @@
 """The research add-ons a recipe turns on, opened around a run in one place so that the loop
 (turnopd.orchestration.distill) reads without them: world-model rollouts (`world_model.path`,
 turnopd.rollout.world_model_pool), the judge (`judge.by`, turnopd.rollout.judge) and a student that
-reads screenshots (an env that shows them, turnopd.engines.screens). The loop hands `Addons` to its
+reads screenshots (an env that shows them, turnopd.loaders.screens). The loop hands `Addons` to its
 rollout source and calls its two step hooks; the episode loop sees them only through its hooks
-(an action source, an episode runner, a renderer: turnopd.rollout.engine)."""
+(an action source, an episode runner, a renderer: turnopd.rollout.agent_loop)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from turnopd.core.types import Trajectory
-from turnopd.engines.screens import ScreenPixels
+from turnopd.loaders.screens import ScreenPixels
 from turnopd.orchestration.run_log import screenshot_fields
 from turnopd.rollout.judge import Judge, open_judge
 from turnopd.rollout.world_model_pool import WorldModelPool, open_world_model

@@ -42,14 +42,14 @@ from turnopd.analysis.audit import (
 from turnopd.config import RunConfig
 from turnopd.core import checkpoint as ckpt
 from turnopd.core.types import Trajectory
-from turnopd.engines.hf_models import load_model
+from turnopd.loaders.hf_models import load_model
 from turnopd.orchestration.evaluation import teacher_policy
 from turnopd.orchestration.pipeline import sample_tasks
 from turnopd.orchestration.pipeline.plan import step_sampling
 from turnopd.orchestration.preflight import check_setup, scoring_topk
 from turnopd.orchestration.startup import build_missing_models, seed_everything
 from turnopd.rollout import Policy, make_policy
-from turnopd.rollout.engine import rollout
+from turnopd.rollout.agent_loop import rollout
 from turnopd.rollout.eval import eval_sampling
 from turnopd.rollout.takeover import Takeover
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.pool import EnvPool
-from turnopd.algorithm.budget import DepthSchedule, loss_alpha, probe_statistics
+from turnopd.algorithm.controllers import DepthSchedule, loss_alpha, probe_statistics
 from turnopd.config import RunConfig
 from turnopd.core.checkpoint import list_checkpoints
 from turnopd.core.distributed import gather_objects

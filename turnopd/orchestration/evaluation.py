@@ -16,7 +16,7 @@ from turnopd.config import RunConfig
 from turnopd.core.distributed import gather_objects, rank_and_world
 from turnopd.core.progress import EpisodeProgress
 from turnopd.core.types import EpisodeSummary, env_errors
-from turnopd.engines.hf_models import load_model
+from turnopd.loaders.hf_models import load_model
 from turnopd.orchestration.preflight import Setup
 from turnopd.orchestration.run_log import RunLog
 from turnopd.rollout import Policy, make_policy

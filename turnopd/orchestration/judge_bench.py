@@ -399,8 +399,8 @@ def play_arm(cfg: RunConfig, spec: EnvSpec, pool: Any, policy: Any, tasks: list[
     """One arm's episodes (each task once per seed, seed s sampling from cfg.seed + 1000 s, a fresh
     memory per seed) and its clock: wall, busy times, judge calls and counts."""
     from turnopd.core.ledger import Ledger
+    from turnopd.rollout.agent_loop import POLICY_SAMPLE, rollout
     from turnopd.rollout.base import SamplingParams
-    from turnopd.rollout.engine import POLICY_SAMPLE, rollout
     from turnopd.rollout.judge import Judge, JudgeStats, OutcomeMemory
 
     by, memory = PLAY_ARMS[arm]

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from turnopd.algorithm.budget import DepthSchedule
+from turnopd.algorithm.controllers import DepthSchedule
 from turnopd.algorithm.objective import turn_kl_profile
 from turnopd.algorithm.world_model_corrections import debiased_mean
 from turnopd.analysis.plot import plot_run
@@ -22,7 +22,7 @@ from turnopd.core.metrics import MetricsWriter, StepRecord
 from turnopd.core.pixels import KEY_CHARS
 from turnopd.core.tracking import TRACKERS, TrackedRun
 from turnopd.core.types import EpisodeSummary, Trajectory, env_errors
-from turnopd.engines.screens import ScreenPixels
+from turnopd.loaders.screens import ScreenPixels
 from turnopd.models import weights_fingerprint
 from turnopd.orchestration.pipeline import BatchPlan, PipelineStats
 from turnopd.orchestration.preflight import Setup
@@ -129,7 +129,7 @@ def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: Dept
         step_time_s=ledger.last_step_time_s, phases=phases, busy=ledger.last_busy,
         generator_phases=ledger.last_generator_phases, train_parts=train.train_parts,
         pipeline=dataclasses.asdict(pipeline),
-        rollout_depth_cap=plan.cap, probed=plan.probe, probes=plan.probes, h_eff=diagnostics.get("h_eff"),
+        rollout_depth_cap=plan.cap, probed=plan.is_probe_step, probes=plan.probes, h_eff=diagnostics.get("h_eff"),
         h_cov=diagnostics.get("h_cov"), h_cov_measured=diagnostics.get("h_cov_measured"), alpha=alpha,
         loss=train.loss, grad_norm=train.grad_norm, lr=train.lr, mean_kl=train.mean_kl,
         turn_kl_profile=turn_kl_profile(train.turn_kl), deep_turn_share=train.deep_turn_share,

@@ -61,19 +61,19 @@ from turnopd.config import (
 from turnopd.core.data import REPO_ROOT
 from turnopd.core.progress import progress_bar
 from turnopd.core.types import Trajectory, Turn, build_token_batch
-from turnopd.engines.hf_models import (
+from turnopd.loaders.hf_models import (
     image_tokens_of,
     is_vision_language,
     load_model,
     model_positions,
     resolve_dtype,
 )
-from turnopd.engines.screens import attach_screens
+from turnopd.loaders.screens import attach_screens
 from turnopd.models import MODEL_PREPARERS, building, prepare_model
 from turnopd.orchestration.preflight import train_and_eval_tasks
 from turnopd.orchestration.recipe import validate_recipe
 from turnopd.rollout import SamplingParams, make_policy
-from turnopd.rollout.engine import rollout
+from turnopd.rollout.agent_loop import rollout
 from turnopd.rollout.eval import EvalResult, evaluate
 from turnopd.rollout.render import student_prompt
 

@@ -19,7 +19,7 @@ import torch
 from envs.base import shows_screenshots
 from teachers import Teacher, check_tokenizers, make_teachers
 from teachers.vllm_server import check_server
-from turnopd.algorithm.budget import DepthSchedule, make_depth_schedule
+from turnopd.algorithm.controllers import DepthSchedule, make_depth_schedule
 from turnopd.algorithm.objective import ESTIMATORS
 from turnopd.config import RecipeError, RunConfig
 from turnopd.core import checkpoint as ckpt
@@ -27,8 +27,8 @@ from turnopd.core.distributed import barrier, gather_objects, rank_and_world
 from turnopd.core.ledger import Ledger
 from turnopd.core.metrics import WorkSpent, truncate_after_step
 from turnopd.core.pixels import PixelStore, default_pixel_root
-from turnopd.engines.hf_models import load_student
-from turnopd.engines.screens import ScreenPixels, attach_screens
+from turnopd.loaders.hf_models import load_student
+from turnopd.loaders.screens import ScreenPixels, attach_screens
 from turnopd.models import prepare_model
 from turnopd.orchestration.outcomes import Outcomes
 from turnopd.orchestration.preflight import Setup, check_setup, run_dir_for
@@ -36,7 +36,7 @@ from turnopd.orchestration.run_log import RunLog
 from turnopd.orchestration.sft import build_missing_teacher
 from turnopd.rollout import Policy, make_policy
 from turnopd.trainer import Trainer
-from turnopd.trainer.engine import init_process_group
+from turnopd.trainer.deepspeed_setup import init_process_group
 
 
 def seed_everything(seed: int) -> None:

@@ -70,13 +70,13 @@ from turnopd.config import (
     TrainerConfig,
     compose,
 )
-from turnopd.engines.hf_models import load_model
+from turnopd.loaders.hf_models import load_model
 from turnopd.orchestration.preflight import train_and_eval_tasks
 from turnopd.orchestration.recipe import validate_recipe
 from turnopd.orchestration.sft import SFTExample, ensure_model, save_model, train_examples
 from turnopd.rollout import SamplingParams, make_policy
+from turnopd.rollout.agent_loop import rollout
 from turnopd.rollout.base import generate_all, request_seed
-from turnopd.rollout.engine import rollout
 from turnopd.rollout.render import chat_prompt_ids
 from turnopd.rollout.world_model_pool import ANSWERER_KIND, Verdict, WorldModelPool, listed
 

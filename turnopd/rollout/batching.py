@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from turnopd.engines.hf_models import length_batches
+from turnopd.loaders.hf_models import length_batches
 from turnopd.rollout.base import Generation, SamplingParams
 
 DEFAULT_WAIT_S = 0.05

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from envs.base import EnvSpec
 from turnopd.config import EnvConfig, PolicyConfig
 from turnopd.core.types import Trajectory, describe_env_errors, env_errors
+from turnopd.rollout.agent_loop import rollout
 from turnopd.rollout.base import Policy, SamplingParams
-from turnopd.rollout.engine import rollout
 
 
 @dataclass

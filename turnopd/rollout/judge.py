@@ -36,8 +36,8 @@ from envs.base import EnvSpec, PromptContext, format_answer, recent_pairs
 from turnopd.algorithm.judge import JUDGES, Attempt, Decision, Tournament, memory_lines, round_robin
 from turnopd.core.distributed import gather_objects, rank_and_world
 from turnopd.core.types import Trajectory
+from turnopd.rollout.agent_loop import POLICY_SAMPLE, Busy, TurnState
 from turnopd.rollout.base import Generation, Policy, SamplingParams, request_seed
-from turnopd.rollout.engine import POLICY_SAMPLE, Busy, TurnState
 from turnopd.rollout.render import RenderedPrompt, chat_prompt_ids
 from turnopd.rollout.world_model_pool import trace_of
 
@@ -231,7 +231,7 @@ class Judge:
 
     async def act(self, policy: Policy, prompt: RenderedPrompt, sampling: SamplingParams, state: TurnState,
                   busy: Busy) -> Generation:
-        """The agent loop's action source (turnopd.rollout.engine.ActionSource): the turn's own sample,
+        """The agent loop's action source (turnopd.rollout.agent_loop.ActionSource): the turn's own sample,
         then in a real episode the judge's pick among k candidates (a world model's step costs no real
         run to save)."""
         first = await POLICY_SAMPLE.act(policy, prompt, sampling, state, busy)

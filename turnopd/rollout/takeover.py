@@ -1,7 +1,7 @@
 """Takeovers: an episode that starts from another episode's state. `Takeover` stands in for the env
 pool: each slot's reset replays its given actions in the real env first, and its outcome carries
 them as "prior_steps" (observation, action, info), and the reset's "task", which the agent loop puts
-in the prompt history but not in the trajectory (turnopd.rollout.engine). The teacher audit takes over student states
+in the prompt history but not in the trajectory (turnopd.rollout.agent_loop). The teacher audit takes over student states
 this way (turnopd.orchestration.audit)."""
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from turnopd.config import PolicyConfig
-from turnopd.engines.hf_models import image_tokens_of, load_model, model_max_length
-from turnopd.engines.lora import load_sync_state, sync_state
+from turnopd.loaders.hf_models import image_tokens_of, load_model, model_max_length
+from turnopd.loaders.lora import load_sync_state, sync_state
 from turnopd.rollout.base import POLICY_BACKENDS, Generation, Policy, SamplingParams
 from turnopd.rollout.batching import DEFAULT_WAIT_S, MicroBatcher
 from turnopd.rollout.completion import check_prompt_lengths, eos_token_ids, finish_completion
@@ -192,7 +192,7 @@ class TransformersPolicy(Policy):
 
     def update_weights(self, model: nn.Module | dict[str, torch.Tensor]) -> None:
         """New student weights: the generating module itself (nothing to copy), another module or what
-        `turnopd.engines.lora.sync_state` returns (a LoRA student's adapter only), copied in once no
+        `turnopd.loaders.lora.sync_state` returns (a LoRA student's adapter only), copied in once no
         batch is running."""
         with self._batcher.lock:
             if model is not self.model:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from turnopd.config import PolicyConfig
-from turnopd.engines.lora import (
+from turnopd.loaders.lora import (
     adapter_rank,
     is_adapter_model,
     save_base,
@@ -36,7 +36,7 @@ from turnopd.engines.lora import (
     vllm_lora_rank,
     write_adapter,
 )
-from turnopd.engines.vllm_engine import close_llm, make_llm
+from turnopd.loaders.vllm_engine import close_llm, make_llm
 from turnopd.rollout.base import POLICY_BACKENDS, Generation, Policy, SamplingParams
 from turnopd.rollout.completion import check_prompt_lengths, eos_token_ids, finish_completion
 
@@ -198,7 +198,7 @@ class VLLMPolicy(Policy):
 
     def update_weights(self, model: nn.Module | dict[str, torch.Tensor] | str | os.PathLike[str]) -> None:
         """Reload new student weights in place (see reload_llm_weights), between engine steps; for a LoRA
-        student, its adapter (the module, or the adapter tensors of `turnopd.engines.lora.sync_state`)."""
+        student, its adapter (the module, or the adapter tensors of `turnopd.loaders.lora.sync_state`)."""
         with self._batcher.lock:
             if self._adapter_dir is None:
                 reload_llm_weights(self.llm, model)

@@ -46,8 +46,8 @@ from envs.transitions import parse_world_answer, world_prompt
 from turnopd.algorithm.world_model_corrections import sample_disagreement
 from turnopd.config import PolicyConfig
 from turnopd.core.types import EpisodeSummary, Trajectory
+from turnopd.rollout.agent_loop import Busy, EpisodeRunner
 from turnopd.rollout.base import Policy, SamplingParams, make_policy, request_seed
-from turnopd.rollout.engine import Busy, EpisodeRunner
 from turnopd.rollout.render import chat_prompt_ids
 
 WORLD_MODEL_META = "world_model.json"

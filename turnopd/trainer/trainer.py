@@ -50,9 +50,9 @@ from turnopd.core.device import synchronize
 from turnopd.core.distributed import gather_objects
 from turnopd.core.faults import failpoint
 from turnopd.core.types import TokenBatch
-from turnopd.engines.hf_models import resolve_dtype
-from turnopd.engines.lora import is_adapter_model
-from turnopd.trainer.engine import deepspeed_config, init_process_group
+from turnopd.loaders.hf_models import resolve_dtype
+from turnopd.loaders.lora import is_adapter_model
+from turnopd.trainer.deepspeed_setup import deepspeed_config, init_process_group
 from turnopd.trainer.packing import MicroBatch, build_micro_batch, pack_by_tokens, padding_micro_batch
 from turnopd.trainer.schedule import lr_factor
 from turnopd.trainer.scorer import ActionScorer, check_causal_lm, decode, select_predicting, turn_signals
@@ -257,7 +257,7 @@ class Trainer:
         self.steps_taken = 0  # step() calls completed (applied or skipped)
         self.bad_streak = 0  # skipped steps in a row
         # a vision-language student: its batches' image keys -> pixel_values (`missing(keys)`, `(keys)`),
-        # fetched as each micro-batch runs (turnopd.engines.screens.ScreenPixels; set by the run's start-up)
+        # fetched as each micro-batch runs (turnopd.loaders.screens.ScreenPixels; set by the run's start-up)
         self.images: Any = None
 
     def _initialize(self, model: nn.Module, total_steps: int, dtype: torch.dtype) -> tuple[Any, bool]:

@@ -39,13 +39,13 @@ from torch import nn
 
 from envs.pool import EnvPool
 from teachers import make_teachers, merge_replica_stats, replica_stats
-from turnopd.algorithm.budget import DepthSchedule
+from turnopd.algorithm.controllers import DepthSchedule
 from turnopd.config import RunConfig
 from turnopd.core.device import pin_process_to_local_gpu
 from turnopd.core.distributed import rank_and_world
 from turnopd.core.ledger import Ledger
 from turnopd.core.types import Trajectory
-from turnopd.engines.hf_models import load_student
+from turnopd.loaders.hf_models import load_student
 from turnopd.orchestration.pipeline.base import PIPELINE_MODES, PipelineMode, PipelineStats
 from turnopd.orchestration.pipeline.plan import BatchPlan, Episodes, score, step_episodes, wave_episodes
 from turnopd.orchestration.pipeline.shared_weights import (
@@ -56,7 +56,7 @@ from turnopd.orchestration.pipeline.shared_weights import (
 )
 from turnopd.orchestration.preflight import Setup
 from turnopd.rollout import make_policy
-from turnopd.rollout.engine import SlotPool, play_episode
+from turnopd.rollout.agent_loop import SlotPool, play_episode
 
 JOIN_TIMEOUT_S = 60.0  # for the generator to finish its current request when the run ends
 
@@ -298,7 +298,7 @@ class GeneratorRollouts:
         self._follow_plan(plan)
         version = self.weights.version.value
         dropped = 0
-        if plan.probe or self.mode == "one_step_off":
+        if plan.is_probe_step or self.mode == "one_step_off":
             if plan.step not in self.step_requests:  # not prepared: the first step of a (resumed) run
                 self._request_step(plan)
             request_id = self.step_requests.pop(plan.step)
@@ -324,7 +324,7 @@ class GeneratorRollouts:
 
     def prepare(self, plan: BatchPlan) -> None:
         self._follow_plan(plan)
-        if plan.probe or self.mode == "one_step_off":
+        if plan.is_probe_step or self.mode == "one_step_off":
             self._request_step(plan)
         self._top_up()
 
@@ -368,14 +368,14 @@ class GeneratorRollouts:
     def _follow_plan(self, plan: BatchPlan) -> None:
         """pool: waves requested from now on play at this plan's cap (a wave carries its turn limits
         from its request, as a step's batch carries its plan's)."""
-        if not plan.probe:
+        if not plan.is_probe_step:
             self.wave_cap = plan.cap
 
     def _request_step(self, plan: BatchPlan) -> None:
         """The batch of one step: probes wait for the step's own weights, one_step_off rollouts
         for the previous step's (the newest when the request is made)."""
         episodes = step_episodes(self.cfg, self.setup.train_tasks, plan)
-        min_version = plan.step if plan.probe else plan.step - 1
+        min_version = plan.step if plan.is_probe_step else plan.step - 1
         self.step_requests[plan.step] = self._send(episodes, min_version, wave=False)
 
     def _top_up(self) -> None:

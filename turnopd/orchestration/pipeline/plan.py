@@ -11,7 +11,7 @@ import numpy as np
 from envs.base import EnvSpec
 from envs.pool import EnvPool
 from teachers import Teacher, score_trajectories
-from turnopd.algorithm.budget import DepthSchedule
+from turnopd.algorithm.controllers import DepthSchedule
 from turnopd.algorithm.objective import ESTIMATORS
 from turnopd.algorithm.world_model_corrections import (
     anchor_groups,
@@ -25,7 +25,7 @@ from turnopd.core.progress import EpisodeProgress
 from turnopd.core.types import Trajectory
 from turnopd.orchestration.preflight import scoring_topk
 from turnopd.rollout import Policy, SamplingParams
-from turnopd.rollout.engine import POLICY_SAMPLE, rollout
+from turnopd.rollout.agent_loop import POLICY_SAMPLE, rollout
 from turnopd.rollout.judge import Judge
 from turnopd.rollout.world_model_pool import WorldModelPool, trace_of
 
@@ -77,7 +77,7 @@ class BatchPlan:
         return len(self.turn_limits)
 
     @property
-    def probe(self) -> bool:
+    def is_probe_step(self) -> bool:
         """A probe step: every episode is a probe."""
         return self.probes > 0 and self.probes == self.episodes
 
@@ -108,7 +108,7 @@ class Episodes:
     simulated: tuple[bool, ...] = ()  # per task: it plays the world model (empty: every one plays the real env)
 
     @property
-    def probe(self) -> bool:
+    def is_probe_step(self) -> bool:
         return self.probes > 0 and self.probes == len(self.tasks)
 
 
@@ -117,7 +117,7 @@ def step_episodes(cfg: RunConfig, train_tasks: list[str], plan: BatchPlan) -> Ep
     mode. A probe step draws its tasks apart (salt 1) from a rollout step's (salt 0)."""
     rank, world = rank_and_world()
     tasks = grouped_tasks(train_tasks, plan.episodes, cfg.trainer.group_size, cfg.seed, plan.step,
-                          salt=int(plan.probe))[rank::world]
+                          salt=int(plan.is_probe_step))[rank::world]
     wm = cfg.world_model
     if wm.path is None:
         simulated = []
@@ -178,7 +178,7 @@ def play_and_score(cfg: RunConfig, spec: EnvSpec, pool: EnvPool, policy: Policy,
     probe step) or "rollout" phase; inside it, generation, env, world_model and teacher are busy
     times (the first three overlap), and so is a `judge`'s (turnopd.rollout.judge). Rank 0 shows the
     episodes' progress (turnopd.core.progress.EpisodeProgress) of step `step`."""
-    phase = "probe" if episodes.probe else "rollout"
+    phase = "probe" if episodes.is_probe_step else "rollout"
     with ledger.phase(phase), EpisodeProgress(f"step {step} {phase}", len(episodes.tasks),
                                               enabled=rank_and_world()[0] == 0) as progress:
         trajectories = rollout(spec, pool, policy, episodes.tasks, env_config=cfg.env, sampling=episodes.sampling,

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import torch.multiprocessing as torch_mp
 from torch import nn
 
-from turnopd.engines.lora import sync_state
+from turnopd.loaders.lora import sync_state
 from turnopd.rollout import Policy
 
 POLL_S = 1.0  # how often a process blocked on the other one checks that it is still alive

@@ -100,7 +100,7 @@ def attach_screens(spec: Any, model_dir: str | os.PathLike[str], *consumers: Any
     """In an env that shows screenshots (envs.base.shows_screenshots): the student's pixel source over
     the env's pixel store, set as `screens` of each consumer (its policy, its trainer); None in an
     env of text."""
-    from turnopd.engines.hf_models import is_vision_language
+    from turnopd.loaders.hf_models import is_vision_language
 
     if not shows_screenshots(spec):
         return None

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from turnopd.core.device import run_device
-from turnopd.engines.lora import add_adapter
+from turnopd.loaders.lora import add_adapter
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

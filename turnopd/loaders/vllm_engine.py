@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from turnopd.engines.hf_models import check_model_path
+from turnopd.loaders.hf_models import check_model_path
 
 # In-process engine (no engine-core subprocess): starts in seconds and lets update_weights reach the
 # worker directly. KV cache size for the CPU build, in GiB. The host address: vLLM finds its own by

@@ -1,4 +1,4 @@
-"""Hand-worked checks of the two budget controllers in turnopd.algorithm.budget."""
+"""Hand-worked checks of the two budget controllers in turnopd.algorithm.controllers."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnopd.algorithm.budget import (
+from turnopd.algorithm.controllers import (
     CurriculumDepth,
     DepthController,
     FixedDepth,

@@ -1,4 +1,4 @@
-"""The two TurnOPD budget controllers, as pure functions and small state machines (no I/O).
+"""The two TurnOPD controllers (the paper's "budgeting"), as pure functions and small state machines (no I/O).
 
 1. Progressive turn-normalized loss budgeting: `loss_alpha` moves the token-weight mix from
    trajectory-level (alpha = 0) to turn-balanced (alpha = 1) over training.
