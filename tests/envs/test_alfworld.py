@@ -118,6 +118,9 @@ def test_a_data_folder_the_user_named_must_exist(tmp_path: Path, monkeypatch: py
     monkeypatch.delenv("TURNOPD_DATA")
     with pytest.raises(DataNotFoundError, match=r"the recipe's data_dir is '.*nope', which is not a folder"):
         make_env_spec(EnvConfig(name="alfworld"), str(tmp_path / "nope"))
+    # a data_dir that exists but lacks the env's data is refused, not replaced by ../shared/data
+    with pytest.raises(DataNotFoundError, match=r"^\S*/alfworld/json_2.1.1 not found: the recipe's data_dir '.*' lacks"):
+        make_env_spec(EnvConfig(name="alfworld"), str(tmp_path))
 
 
 def test_walkthrough_wins_a_real_game(spec) -> None:
