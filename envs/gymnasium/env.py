@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from envs.adapters import seed_of
 from envs.base import StepOutcome
 
 _HIGHLIGHT = re.compile(r"\x1b\[4\dm(.*?)\x1b\[0m")  # a background colour: the agent's cell
@@ -56,7 +57,7 @@ class GymnasiumEnv:
     def reset(self, task_id: str) -> StepOutcome:
         if self.env is None:
             self.env = make_gym_env(self.env_id, self.make_kwargs)
-        observation, _ = self.env.reset(seed=int(task_id.rsplit("-", 1)[1]))
+        observation, _ = self.env.reset(seed=seed_of(task_id))
         self.observation = self.text(observation)
         return StepOutcome(self.observation, admissible=self.actions or None, info={"task": self.task})
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, NoReturn
 
-from envs.base import ParsedAction, PromptContext, check_known, check_split, extract_action, select_tasks
+from envs.adapters import SeedTasks
+from envs.base import ParsedAction, extract_action
 from envs.gymnasium.env import GymnasiumEnv, is_text_space, make_gym_env
-from envs.gymnasium.prompt import template
 
 INSTALL = 'pip install -e ".[gymnasium]"'
 OPTIONS: dict[str, Any] = {"id": None, "make_kwargs": {}, "actions": None, "task": None, "train_tasks": 200,
@@ -65,34 +65,19 @@ def checked_actions(env_id: str, make_kwargs: dict[str, Any], actions: list[str]
     return names
 
 
-class GymnasiumSpec:
+class GymnasiumSpec(SeedTasks):
     name = "gymnasium"
     default_max_turns = 20
     observation_version = "1"
 
     def __init__(self, config: Any, data_dir: str | None = None):
         # data_dir is not used: the env makes its own states from seeds
-        check_known("gymnasium options", config.options, OPTIONS)
-        self.config = config
-        self.render_template = template(config.template)
-        self.options = {**OPTIONS, **config.options}
-        self.env_id = checked_env_id(self.options["id"])
-        check_known("gymnasium task types", config.task_types, [self.env_id])
+        self.options = self.check_block(config, OPTIONS)
+        self.env_id = self.task_kind = checked_env_id(self.options["id"])
+        self.check_task_types()
         self.make_kwargs = dict(self.options["make_kwargs"])
         self.actions = checked_actions(self.env_id, self.make_kwargs, self.options["actions"])
         self.task = self.options["task"] or f"reach the goal of {self.env_id}"
-        self.seeds = {"train": range(self.options["train_tasks"]),
-                      "test": range(self.options["train_tasks"], self.options["train_tasks"] + self.options["test_tasks"])}
-
-    def splits(self) -> list[str]:
-        return list(self.seeds)
-
-    def tasks(self, split: str) -> list[str]:
-        check_split("gymnasium", split, self.splits())
-        return select_tasks([f"seed-{n}" for n in self.seeds[split]], self.task_type, self.config)
-
-    def task_type(self, task_id: str) -> str:
-        return self.env_id
 
     def make(self) -> GymnasiumEnv:
         return GymnasiumEnv(self.env_id, self.make_kwargs, self.actions, self.task)
@@ -104,6 +89,3 @@ class GymnasiumSpec:
     def parse_action(self, text: str) -> ParsedAction:
         parsed = extract_action(text)
         return ParsedAction(parsed.action, parsed.valid and (not self.actions or parsed.action in self.actions))
-
-    def render_prompt(self, ctx: PromptContext) -> str:
-        return self.render_template(ctx)
