@@ -40,7 +40,7 @@ class SeedTasks:
 
     def check_block(self, config: Any, allowed_options: dict[str, Any]) -> dict[str, Any]:
         """The env block's options over their defaults."""
-        check_known(f"{self.name} options", config.options, allowed_options)
+        check_known(f"{self.name} options", config.options, allowed_options, key="options")
         if config.template != "default":
             raise ValueError(f"unknown prompt template {config.template!r} for env {self.name!r}; allowed: default")
         self.config = config
@@ -50,7 +50,7 @@ class SeedTasks:
         return options
 
     def check_task_types(self) -> None:
-        check_known(f"{self.name} task types", self.config.task_types, [self.task_kind])
+        check_known(f"{self.name} task types", self.config.task_types, [self.task_kind], key="task_types")
 
     def splits(self) -> list[str]:
         return list(self.seeds)

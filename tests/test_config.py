@@ -131,9 +131,9 @@ ALFWORLD_TASK_TYPES = ("pick_and_place_simple, look_at_obj_in_light, pick_clean_
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("env.task_types=[look_at_lamp]", "recipe key 'env' (env alfworld): unknown ALFWorld task types "
+        ("env.task_types=[look_at_lamp]", "recipe key 'env.task_types': unknown ALFWorld task types "
                                           f"['look_at_lamp']; allowed: {ALFWORLD_TASK_TYPES}"),
-        ("env.options.colour=red", "recipe key 'env' (env alfworld): unknown alfworld options ['colour']; "
+        ("env.options.colour=red", "recipe key 'env.options': unknown alfworld options ['colour']; "
                                    "allowed: expert, expert_seed, expert_noise, notes"),
         ("env.options.expert=oracle", "recipe key 'env' (env alfworld): unknown alfworld expert 'oracle'; "
                                       "allowed: walkthrough, handcoded, explorer"),

@@ -67,7 +67,7 @@ def test_an_installed_plugin_is_listed_and_its_expert_plays(site: Path) -> None:
     refused = turnopd(site, "show", str(REPO / "recipes/quickstart.yaml"), "env.name=guess", "teachers.guess=x.yaml",
                       "env.task_types=[odd]")
     assert refused.returncode == 2
-    assert refused.stderr.strip() == "error: recipe key 'env' (env guess): unknown guess task types ['odd']; allowed: low, high"
+    assert refused.stderr.strip() == "error: recipe key 'env.task_types': unknown guess task types ['odd']; allowed: low, high"
     assert checkout_state() == before
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from envs import ENVS, make_env_spec
-from envs.base import shows_screenshots
+from envs.base import EnvSettingError, shows_screenshots
 from turnopd.algorithm.objective import ESTIMATORS
 from turnopd.config import EnvConfig, RecipeError, RunConfig, check_consistency, compose, validate
 from turnopd.core.data import DataNotFoundError
@@ -40,7 +40,8 @@ def check_env(cfg: Any) -> None:
         raise RecipeError(f"recipe key 'data_dir': {' '.join(str(exc).split())}") from None
     except (ValueError, FileNotFoundError, KeyError, ImportError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        raise RecipeError(f"recipe key 'env' (env {cfg.env.name}): {' '.join(str(message).split())}") from None
+        key = f"'env.{exc.key}'" if isinstance(exc, EnvSettingError) else f"'env' (env {cfg.env.name})"
+        raise RecipeError(f"recipe key {key}: {' '.join(str(message).split())}") from None
 
 
 def check_pipeline(cfg: RunConfig) -> None:
