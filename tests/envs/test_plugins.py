@@ -119,3 +119,12 @@ def test_a_plugin_that_fails_to_load_breaks_only_its_own_env(monkeypatch: pytest
     monkeypatch.setattr(envs, "PLUGIN_ERRORS", errors)
     with pytest.raises(ValueError, match="^env plugin 'nothere' .* No module named 'turnopd_nothere'$"):
         envs.make_env_spec(type("EnvBlock", (), {"name": "nothere"})())
+
+
+def test_the_docs_show_the_package_the_scaffold_writes(tmp_path: Path) -> None:
+    """docs/adding-an-env.md's plugin module is the scaffold's (its docstring aside)."""
+    new_env_package("guess", tmp_path)
+    written = (tmp_path / "turnopd_guess" / "__init__.py").read_text()
+    docs = (REPO / "docs" / "adding-an-env.md").read_text()
+    shown = docs.split("`turnopd-guess/turnopd_guess/__init__.py`:\n\n```python\n", 1)[1].split("```", 1)[0]
+    assert shown.split("\nimport re\n", 1)[1] == written.split("\nimport re\n", 1)[1]
