@@ -222,12 +222,22 @@ def observation_lines(history: list[tuple[str, str]], step: int, observation: st
             f"You are now at step {step + 1} and your current observation is: {observation}"]
 
 
-def check_known(what: str, given: Iterable[str], allowed: Collection[str]) -> None:
+class EnvSettingError(ValueError):
+    """A value of a recipe's env block that the env refuses; `key` is its key in the block (e.g.
+    "task_types"), which the recipe check names."""
+
+    def __init__(self, message: str, key: str):
+        super().__init__(message)
+        self.key = key
+
+
+def check_known(what: str, given: Iterable[str], allowed: Collection[str], key: str | None = None) -> None:
     """A recipe's names (task types, options) checked against what an env knows: the error names the
-    unknown ones and lists the allowed ones."""
+    unknown ones and lists the allowed ones (an EnvSettingError when `key`, the env block's key, is given)."""
     unknown = sorted(set(given) - set(allowed))
     if unknown:
-        raise ValueError(f"unknown {what} {unknown}; allowed: {', '.join(allowed)}")
+        message = f"unknown {what} {unknown}; allowed: {', '.join(allowed)}"
+        raise EnvSettingError(message, key) if key else ValueError(message)
 
 
 def check_split(env: str, split: str, splits: Sequence[str]) -> None:

@@ -200,7 +200,7 @@ def test_nothing_is_overwritten_or_half_written(layout: Path) -> None:
     assert not (layout / "envs/toy").exists() and not (layout / "recipes").exists()
     assert (layout / "envs/__init__.py").read_text() == init
     assert (layout / "tests/envs/test_toy.py").read_text() == "# mine\n"
-    with pytest.raises(ScaffoldError, match="no env 'toy' to make a teacher for; envs: alfworld, autoresearch, prompts"):
+    with pytest.raises(ScaffoldError, match="no env 'toy' to make a teacher for; envs: alfworld, autoresearch, gymnasium, openenv, prompts"):
         new_teacher("toy", layout)
 
 

@@ -98,8 +98,8 @@ class AlfworldSpec:
         self.config = config
         self.root = resolve_data(DATA_SUBDIR, data_dir)
         self.render_template = select_template(TEMPLATES, config.template, self.name)
-        check_known("ALFWorld task types", config.task_types, TASK_TYPES)
-        check_known("alfworld options", config.options, ("expert", "expert_seed", "expert_noise", "notes"))
+        check_known("ALFWorld task types", config.task_types, TASK_TYPES, key="task_types")
+        check_known("alfworld options", config.options, ("expert", "expert_seed", "expert_noise", "notes"), key="options")
         self.expert_kind = config.options.get("expert", "walkthrough")
         if self.expert_kind not in EXPERTS:
             raise ValueError(f"unknown alfworld expert {self.expert_kind!r}; allowed: {', '.join(EXPERTS)}")

@@ -122,8 +122,8 @@ class AutoresearchSpec:
         # data_dir is not used: the datasets are made from installed packages (envs.autoresearch.data)
         self.config = config
         self.render_template = select_template(TEMPLATES, config.template, self.name)
-        check_known("autoresearch task types", config.task_types, DATASETS)
-        check_known("autoresearch options", config.options, OPTIONS)
+        check_known("autoresearch task types", config.task_types, DATASETS, key="task_types")
+        check_known("autoresearch options", config.options, OPTIONS, key="options")
         disk_cache = config.options.get("disk_cache", OPTIONS["disk_cache"])
         if not isinstance(disk_cache, bool):
             raise ValueError(f"autoresearch option disk_cache must be true or false; got {disk_cache!r}")

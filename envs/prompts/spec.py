@@ -181,7 +181,7 @@ class PromptsSpec:
 
     def __init__(self, config: Any, data_dir: str | None = None):
         self.config = config
-        check_known("prompts options", config.options, OPTIONS)
+        check_known("prompts options", config.options, OPTIONS, key="options")
         files = config.options.get("files") or {}
         if not files:
             raise ValueError("the prompts env needs option `files`: {split: path of a JSONL file}, e.g. "

@@ -97,12 +97,12 @@ class SearchSpec:
         self.config = config
         self.root = resolve_data("multihop", data_dir)
         check_files(self.root)
-        check_known("search options", config.options, OPTIONS)
+        check_known("search options", config.options, OPTIONS, key="options")
         self.top_k = config.options.get("top_k", OPTIONS["top_k"])
         if not isinstance(self.top_k, int) or self.top_k < 1:
             raise ValueError(f"search option top_k must be a positive integer; got {self.top_k!r}")
         self.f1_rule = check_f1_rule(config.options.get("f1_rule", OPTIONS["f1_rule"]))
-        check_known("search task types", config.task_types, DATASETS)
+        check_known("search task types", config.task_types, DATASETS, key="task_types")
         template = select_template(TEMPLATES, config.template, self.name)
         self.render_template = partial(template, top_k=self.top_k, max_turns=config.max_turns)
 

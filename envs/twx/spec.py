@@ -81,8 +81,8 @@ class TwxSpec:
         # data_dir is not used: the engine generates its games from seeds
         self.config = config
         self.render_template = select_template(TEMPLATES, config.template, self.name)
-        check_known("TextWorldExpress task types", config.task_types, GAMES)
-        check_known("twx options", config.options, OPTIONS)
+        check_known("TextWorldExpress task types", config.task_types, GAMES, key="task_types")
+        check_known("twx options", config.options, OPTIONS, key="options")
         given = config.options.get("game_params", OPTIONS["game_params"])
         if not isinstance(given, Mapping):
             raise ValueError(f"twx option game_params must map games to parameter strings; got {given!r}")

@@ -122,7 +122,7 @@ class WebShopSpec:
         self.root = resolve_data("webshop", data_dir)
         check_files(self.root)
         self.render_template = select_template(TEMPLATES, config.template, self.name)
-        check_known("webshop options", config.options, OPTIONS)
+        check_known("webshop options", config.options, OPTIONS, key="options")
         self.options_match = check_options_match(
             config.options.get("reward_options_match", OPTIONS["reward_options_match"]))
 
@@ -133,7 +133,7 @@ class WebShopSpec:
         check_split("WebShop", split, SPLITS)
         catalog = load_catalog(self.root)
         known = sorted({goal.category for goal in catalog.goals.values()})
-        check_known("WebShop task types", self.config.task_types, known)
+        check_known("WebShop task types", self.config.task_types, known, key="task_types")
         return select_tasks(catalog.splits[split], self.task_type, self.config)
 
     def task_type(self, task_id: str) -> str:

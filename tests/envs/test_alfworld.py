@@ -96,14 +96,15 @@ def test_several_splits_joined_by_plus(spec) -> None:
 
 def test_missing_data_says_where_it_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # hide every default data root (cwd/../shared/data, the repo's ../shared/data, the user cache)
-    monkeypatch.delenv("TURNOPD_DATA", raising=False)
+    # ($TURNOPD_DATA is searched first, then those; a recipe's data_dir is searched alone)
+    monkeypatch.setenv("TURNOPD_DATA", str(tmp_path / "mine"))
     monkeypatch.setattr("turnopd.core.data.REPO_ROOT", tmp_path / "repo")
     monkeypatch.setattr("turnopd.core.data.USER_DATA", tmp_path / "cache")
     (tmp_path / "cwd").mkdir()
     (tmp_path / "mine").mkdir()  # a data folder without alfworld/ in it
     monkeypatch.chdir(tmp_path / "cwd")
     with pytest.raises(DataNotFoundError) as err:
-        make_env_spec(EnvConfig(name="alfworld"), str(tmp_path / "mine"))
+        make_env_spec(EnvConfig(name="alfworld"))
     message = str(err.value)
     assert str(tmp_path / "mine" / "alfworld" / "json_2.1.1") in message
     assert str(tmp_path / "cache" / "alfworld" / "json_2.1.1") in message
@@ -118,6 +119,9 @@ def test_a_data_folder_the_user_named_must_exist(tmp_path: Path, monkeypatch: py
     monkeypatch.delenv("TURNOPD_DATA")
     with pytest.raises(DataNotFoundError, match=r"the recipe's data_dir is '.*nope', which is not a folder"):
         make_env_spec(EnvConfig(name="alfworld"), str(tmp_path / "nope"))
+    # a data_dir that exists but lacks the env's data is refused, not replaced by ../shared/data
+    with pytest.raises(DataNotFoundError, match=r"^\S*/alfworld/json_2.1.1 not found: the recipe's data_dir '.*' lacks"):
+        make_env_spec(EnvConfig(name="alfworld"), str(tmp_path))
 
 
 def test_walkthrough_wins_a_real_game(spec) -> None:

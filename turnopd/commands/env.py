@@ -51,25 +51,26 @@ def _task(spec: EnvSpec, split: str, task: str) -> str:
 
 
 def list_envs(args: argparse.Namespace) -> int:
+    """Each registered env's splits and task counts; an env that cannot list its tasks here (no data,
+    a required option, a plugin that failed to load) gets one row saying why, on the table."""
     from rich.console import Console
     from rich.table import Table
 
-    from envs import ENVS, make_env_spec
+    from envs import ENVS, PLUGIN_ERRORS, make_env_spec
     from turnopd.config import EnvConfig
 
     table = Table(title="registered environments")
-    for column in ("env", "split", "tasks", "task types", "max turns"):
+    for column in ("env", "split", "tasks", "task types", "max turns", "note"):
         table.add_column(column)
-    for name in ENVS.names():
+    for name in sorted({*ENVS.names(), *PLUGIN_ERRORS}):
         try:
             spec = make_env_spec(EnvConfig(name=name), args.data_dir)
             for split in spec.splits():
                 tasks = spec.tasks(split)
                 table.add_row(name, split, str(len(tasks)), str(len({spec.task_type(t) for t in tasks})),
-                              str(spec.default_max_turns))
+                              str(spec.default_max_turns), "")
         except Exception as exc:  # one env without its data must not hide the others
-            table.add_row(name, "-", "-", "-", "-")
-            print(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0]}", file=sys.stderr)
+            table.add_row(name, "-", "-", "-", "-", f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
     Console().print(table)
     return 0
 

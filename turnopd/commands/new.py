@@ -21,6 +21,12 @@ NEXT_STEPS = {
         "turnopd env expert {name} --split SPLIT  # the expert's success per task type",
         "turnopd new teacher {name}; turnopd sft recipes/{name}/teacher_sft.yaml",
     ],
+    "package": [
+        "pip install -e {folder}               # registers env {name} (its entry point)",
+        "turnopd env list                      # {name} is listed",
+        "turnopd env expert {name} --split train",
+        "then replace the game in {folder}/turnopd_{name}/__init__.py with yours",
+    ],
     "teacher": [
         "turnopd sft recipes/{name}/teacher_sft.yaml   # trains the teacher and rewrites its spec",
         "or point `model` in teachers/{name}/teacher.yaml at your own model",
@@ -30,11 +36,15 @@ NEXT_STEPS = {
 
 
 def run(args: argparse.Namespace) -> int:
-    from turnopd.orchestration.scaffold import ScaffoldError, new_env, new_teacher
+    from turnopd.orchestration.scaffold import ScaffoldError, new_env, new_env_package, new_teacher
 
     root = Path(args.root).resolve() if args.root else None
+    package = getattr(args, "package", None)
     try:
-        result = (new_env if args.kind == "env" else new_teacher)(args.name, root)
+        if package:
+            result = new_env_package(args.name, Path(package))
+        else:
+            result = (new_env if args.kind == "env" else new_teacher)(args.name, root)
     except ScaffoldError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -42,14 +52,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"created  {path}")
     for path in result.kept:
         print(f"kept     {path} (exists)")
-    if args.kind == "env":
+    if args.kind == "env" and not package:
         if result.registered:
             print(f'updated  envs/__init__.py (BUILTIN_ENVS imports "envs.{args.name}")')
         else:
             print(f"to do    {result.register_line} (the scaffold could not rewrite that line)")
     print("\nnext steps (docs/adding-an-env.md):")
-    for step in NEXT_STEPS[args.kind]:
-        print(f"  {step.format(name=args.name)}")
+    for step in NEXT_STEPS["package" if package else args.kind]:
+        print(f"  {step.format(name=args.name, folder=package)}")
     return 0
 
 
@@ -61,4 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         p = kinds.add_parser(kind, help=help_text)
         p.add_argument("name", help="the env's name: a lower-case Python identifier")
         p.add_argument("--root", help="the checkout to write into (default: the one this turnopd runs from)")
+        if kind == "env":
+            p.add_argument("--package", metavar="DIR",
+                           help="write an installable env package (a plugin) into DIR instead of the checkout")
         p.set_defaults(func=run)

@@ -16,7 +16,8 @@ class DataNotFoundError(FileNotFoundError):
 
 def data_candidates(recipe_data_dir: str | None = None) -> list[Path]:
     """The places searched, in order. A folder the user named (the recipe's data_dir, $TURNOPD_DATA)
-    must exist: one that does not is an error, not a place silently skipped."""
+    must exist: one that does not is an error, not a place silently skipped. The recipe's data_dir is
+    the only place searched: data it lacks is not silently taken from elsewhere."""
     out: list[Path] = []
     for named, where in ((recipe_data_dir, "the recipe's data_dir"), (os.environ.get("TURNOPD_DATA"), "$TURNOPD_DATA")):
         if named:
@@ -25,6 +26,8 @@ def data_candidates(recipe_data_dir: str | None = None) -> list[Path]:
                 raise DataNotFoundError(f"{where} is {named!r}, which is not a folder; set it to the folder holding "
                                         "the task data (alfworld/, webshop/, multihop/) or unset it")
             out.append(folder)
+    if recipe_data_dir:
+        return out[:1]
     out += [Path.cwd().parent / "shared" / "data", REPO_ROOT.parent / "shared" / "data", USER_DATA]
     seen: list[Path] = []
     for p in out:
@@ -39,6 +42,9 @@ def resolve_data(subdir: str, recipe_data_dir: str | None = None) -> Path:
     for root in candidates:
         if (root / subdir).exists():
             return (root / subdir).resolve()
+    if recipe_data_dir:
+        raise DataNotFoundError(f"{candidates[0] / subdir} not found: the recipe's data_dir {recipe_data_dir!r} lacks "
+                                f"'{subdir}'; point it at the folder holding '{subdir}' (or leave data_dir unset)")
     looked = "\n  ".join(str(root / subdir) for root in candidates)
     raise DataNotFoundError(
         f"task data '{subdir}' not found. Looked in:\n  {looked}\n"

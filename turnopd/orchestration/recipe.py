@@ -16,10 +16,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from envs import ENVS
-from envs.base import shows_screenshots
+from envs import ENVS, make_env_spec
+from envs.base import EnvSettingError, shows_screenshots
 from turnopd.algorithm.objective import ESTIMATORS
 from turnopd.config import EnvConfig, RecipeError, RunConfig, check_consistency, compose, validate
+from turnopd.core.data import DataNotFoundError
 from turnopd.core.registry import Registry
 from turnopd.models import MODEL_PREPARERS
 from turnopd.orchestration.pipeline import PIPELINE_MODES
@@ -28,6 +29,19 @@ from turnopd.rollout import POLICY_BACKENDS
 # The backend registries that recipe keys name, by kind (config's `registry` field metadata). The
 # `sft` model preparation is registered by turnopd.orchestration.sft, which the package imports first.
 BACKEND_REGISTRIES: dict[str, Registry] = {r.kind: r for r in (ENVS, POLICY_BACKENDS, MODEL_PREPARERS, PIPELINE_MODES)}
+
+
+def check_env(cfg: Any) -> None:
+    """The env's own checks of its block (task types, options, template) and of its data, run when the
+    recipe is checked: its message, on one line, instead of a traceback at start-up."""
+    try:
+        make_env_spec(cfg.env, cfg.data_dir)
+    except DataNotFoundError as exc:
+        raise RecipeError(f"recipe key 'data_dir': {' '.join(str(exc).split())}") from None
+    except (ValueError, FileNotFoundError, KeyError, ImportError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        key = f"'env.{exc.key}'" if isinstance(exc, EnvSettingError) else f"'env' (env {cfg.env.name})"
+        raise RecipeError(f"recipe key {key}: {' '.join(str(message).split())}") from None
 
 
 def check_pipeline(cfg: RunConfig) -> None:
@@ -76,8 +90,8 @@ def check_screenshots(cfg: RunConfig) -> None:
 
 
 def validate_recipe(cfg: DictConfig, schema: type = RunConfig,
-                    checks: Sequence[Callable[[Any], None]] = (check_consistency, check_pipeline, check_judge,
-                                                                check_screenshots)) -> Any:
+                    checks: Sequence[Callable[[Any], None]] = (check_consistency, check_env, check_pipeline,
+                                                                check_judge, check_screenshots)) -> Any:
     """turnopd.config.validate with every backend registry (for any schema: RunConfig, the SFT
     recipe, an env block)."""
     return validate(cfg, schema, checks, BACKEND_REGISTRIES)

@@ -71,7 +71,7 @@ from turnopd.loaders.hf_models import (
 from turnopd.loaders.screens import attach_screens
 from turnopd.models import MODEL_PREPARERS, building, prepare_model
 from turnopd.orchestration.preflight import train_and_eval_tasks
-from turnopd.orchestration.recipe import validate_recipe
+from turnopd.orchestration.recipe import check_env, validate_recipe
 from turnopd.rollout import SamplingParams, make_policy
 from turnopd.rollout.agent_loop import rollout
 from turnopd.rollout.eval import EvalResult, evaluate
@@ -135,7 +135,7 @@ def _check_sft(cfg: SFTConfig) -> None:
 
 
 def load_sft_recipe(recipe: str, overrides: list[str] | tuple[str, ...] = ()) -> SFTConfig:
-    return validate_recipe(compose(recipe, overrides), schema=SFTConfig, checks=[_check_sft])
+    return validate_recipe(compose(recipe, overrides), schema=SFTConfig, checks=[check_env, _check_sft])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,6 +5,9 @@ Each template folder mirrors the repository layout; `{{name}}` (the env name) an
 CamelCase class prefix) are replaced in paths and contents, and `.tmpl` is dropped:
 
     env/          envs/NAME/{__init__,spec,env,prompt,expert}.py and tests/envs/test_NAME.py
+    package/      an installable env plugin outside the checkout (`new env NAME --package DIR`):
+                  pyproject.toml (the `turnopd.envs` entry point) and turnopd_NAME/__init__.py, a
+                  complete small env to replace with one's own
     teacher/      teachers/NAME/teacher.yaml
     sft_recipe/   recipes/NAME/teacher_sft.yaml (both commands write it; kept when it exists)
 
@@ -99,15 +102,15 @@ def planned_files(kit: str, name: str) -> dict[str, Path]:
             for t in sorted(base.rglob(f"*{TEMPLATE_SUFFIX}"))}
 
 
-def write_files(root: Path, name: str, required: str, optional: str) -> Scaffold:
-    """Render the `required` kit (refused if any of its files exists) and the `optional` one (each
-    file written unless it exists)."""
+def write_files(root: Path, name: str, required: str, optional: str | None = None) -> Scaffold:
+    """Render the `required` kit (refused if any of its files exists) and the `optional` one, if any
+    (each file written unless it exists)."""
     must = planned_files(required, name)
     existing = [target for target in must if (root / target).exists()]
     if existing:
         raise ScaffoldError(f"refusing to overwrite {', '.join(existing)} (nothing written)")
     result = Scaffold()
-    for target, template in {**must, **planned_files(optional, name)}.items():
+    for target, template in {**must, **(planned_files(optional, name) if optional else {})}.items():
         path = root / target
         if path.exists():
             result.kept.append(target)
@@ -158,6 +161,13 @@ def new_env(name: str, root: Path | None = None) -> Scaffold:
     if not result.registered:
         result.register_line = f'add "{module}" to BUILTIN_ENVS in envs/__init__.py'
     return result
+
+
+def new_env_package(name: str, folder: Path) -> Scaffold:
+    """Scaffold env NAME as an installable package in `folder` (outside the checkout): it registers
+    through its entry point once pip-installed, with no file of the checkout changed."""
+    check_new_env_name(name, default_root())
+    return write_files(folder, name, required="package")
 
 
 def new_teacher(name: str, root: Path | None = None) -> Scaffold:
