@@ -26,6 +26,7 @@ from turnopd.algorithm.judge import (
     round_robin,
 )
 from turnopd.config import EnvConfig, RecipeError
+from turnopd.core.types import Trajectory, Turn
 from turnopd.orchestration.recipe import load_recipe
 from turnopd.rollout.base import Generation, Policy, SamplingParams
 from turnopd.rollout.judge import (
@@ -185,6 +186,20 @@ def test_a_turn_runs_the_judges_pick_among_distinct_valid_candidates() -> None:
     # one distinct valid action: nothing to judge
     decide(judge, ["<action>set lr 0.01</action>"] * 4)
     assert judge.stats.turns == 3
+
+
+def test_an_env_that_reports_no_metric_commits_no_attempts() -> None:
+    """A judge without memory on ALFWorld (no metric to remember): a step's commit keeps nothing and
+    raises nothing (it used to ask AlfworldSpec for read_metric)."""
+    from envs.alfworld.spec import AlfworldSpec
+
+    outcomes = OutcomeMemory()
+    judge = Judge(AlfworldSpec.__new__(AlfworldSpec), None, k=2, temperature=1.0, memory="none", threshold=0.5,
+                  limit=5, outcomes=outcomes)
+    played = Trajectory("t", "alfworld", turns=[Turn(0, "You are in a room.", [1], [2], [-0.5], "<action>look</action>")],
+                        final_observation="Nothing happens.")
+    judge.commit([played])
+    assert outcomes.attempts == []
 
 
 class RecordingTeacher(Teacher):

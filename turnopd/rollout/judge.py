@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envs.base import EnvSpec, PromptContext, format_answer, recent_pairs
+from envs.base import EnvSpec, MetricReader, PromptContext, format_answer, recent_pairs
 from turnopd.algorithm.judge import JUDGES, Attempt, Decision, Tournament, memory_lines, round_robin
 from turnopd.core.distributed import gather_objects, rank_and_world
 from turnopd.core.types import Trajectory
@@ -225,7 +225,10 @@ class Judge:
 
     def commit(self, trajectories: Sequence[Trajectory]) -> None:
         """After a step: its real episodes' attempts, every rank's, join every rank's memory (simulated
-        ones are the model's); rank 0 writes them."""
+        ones are the model's); rank 0 writes them. An env that reports no metric has no attempts to
+        remember (its judge runs without memory: the recipe check refuses one with)."""
+        if not isinstance(self.spec, MetricReader):
+            return
         local = [a for t in trajectories if not trace_of(t).played for a in trajectory_attempts(self.spec, t, self.step)]
         self.outcomes.commit([a for part in gather_objects(local) for a in part])
 
