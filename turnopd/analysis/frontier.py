@@ -41,7 +41,8 @@ training wall-clock (seconds of the ledger's training clock, which excludes eval
 - Random streams: each group's resamples come from its own stream, seeded by the seed and the
   group's run names, so the order of the run folders does not change any interval.
 - Seeds: runs of the same method and recipe (their config.yaml equal up to name, seed and
-  output_dir) with distinct seeds form a group. A group's accuracy at x is the mean over its
+  output_dir) with distinct seeds form a group, labelled from its runs (group_labels), never their
+  order; groups are sorted by label. A group's accuracy at x is the mean over its
   evaluated seeds of their step-wise accuracies, from the first x at which every such seed has been
   evaluated; a group's time to reach an accuracy is read on that seed-mean curve. Its point figures
   (final, Same-Step, Least-Time) are the mean and sample standard deviation across seeds.
@@ -54,6 +55,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import re
 import statistics
 import warnings
 import zlib
@@ -605,7 +608,7 @@ def mixed_builds(runs: Sequence[SavedRun]) -> list[str]:
     records' `models`): runs of different builds of one folder are not paired replicates, however
     alike their configs (runs without fingerprints, older ones, are not checked)."""
     builds: dict[tuple[str, str], dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    for run in runs:
+    for run in sorted(runs, key=lambda run: run.name):  # the lines do not follow the folders' order
         for role, model in run.models.items():
             if model.get("weights"):
                 builds[(role, model["path"])][model["weights"]].append(run.name)
@@ -615,10 +618,9 @@ def mixed_builds(runs: Sequence[SavedRun]) -> list[str]:
 
 
 def group_runs(runs: Sequence[SavedRun]) -> list[RunGroup]:
-    """Groups in order of first appearance, seeds in order. Runs of one method and recipe whose
-    seeds repeat (or are unknown) are not replicates and stay single. A group of several seeds is
-    labelled by its method, a single run by its name; a label already taken gets the first run's
-    name appended."""
+    """Groups sorted by label, seeds in order, whatever the order of `runs`. Runs of one method and
+    recipe whose seeds repeat (or are unknown) are not replicates and stay single. Labels
+    (group_labels) come from the runs' methods and names, never from their position."""
     folders = [run.path.resolve() for run in runs]
     if len(set(folders)) < len(folders):
         twice = sorted({str(f) for f in folders if folders.count(f) > 1})
@@ -633,23 +635,43 @@ def group_runs(runs: Sequence[SavedRun]) -> list[RunGroup]:
             replicate_sets += [[run] for run in members]
         else:
             replicate_sets.append(sorted(members, key=lambda run: run.seed))
-    groups, taken = [], set()
-    for members in replicate_sets:
-        method = members[0].method
-        label = method if len(members) > 1 else members[0].name
-        if label in taken:
-            label = f"{label} ({members[0].name})"
-        taken.add(label)
-        groups.append(RunGroup(label, method, members))
-    return groups
+    labels = group_labels(replicate_sets)
+    return sorted((RunGroup(label, members[0].method, members) for label, members in zip(labels, replicate_sets,
+                                                                                         strict=True)),
+                  key=lambda group: group.label)
+
+
+def group_labels(replicate_sets: Sequence[Sequence[SavedRun]]) -> list[str]:
+    """Each group's label: a single run's name; several seeds' method when no other group has that
+    method, else their names' common stem (equal_budget-vanilla_opd for equal_budget-vanilla_opd-s0..s7).
+    Labels that still coincide get their group's first run folder appended."""
+    methods = [members[0].method for members in replicate_sets]
+    labels = [members[0].name if len(members) == 1 else
+              members[0].method if methods.count(members[0].method) == 1 else name_stem(members)
+              for members in replicate_sets]
+    return [f"{label} ({members[0].path})" if labels.count(label) > 1 else label
+            for label, members in zip(labels, replicate_sets, strict=True)]
+
+
+def name_stem(runs: Sequence[SavedRun]) -> str:
+    """What the runs' names share: each name without its "-s<seed>" suffix when those agree, else
+    their common prefix (without trailing separators), else the method."""
+    stems = {re.sub(rf"[-_]s?{run.seed}$", "", run.name) for run in runs}
+    if len(stems) == 1:
+        return stems.pop()
+    return os.path.commonprefix([run.name for run in runs]).rstrip("-_ ") or runs[0].method
 
 
 def resolve_baseline(groups: Sequence[RunGroup], choice: str | None) -> RunGroup:
-    """The group named by `choice` (a group label, a method or a run name); by default the
-    vanilla OPD group when there is exactly one, else the first group."""
+    """The group named by `choice` (a group label, a run name, or a method only one group has); by
+    default the vanilla OPD group, or with none the first group by label. Several groups matching
+    (the choice, or vanilla OPD by default) are refused, with their labels."""
     if choice is None:
         vanilla = [g for g in groups if g.method == DEFAULT_BASELINE_METHOD]
-        return vanilla[0] if len(vanilla) == 1 else groups[0]
+        if len(vanilla) > 1:
+            raise FrontierError(f"several {DEFAULT_BASELINE_METHOD} groups ({', '.join(g.label for g in vanilla)}); "
+                                "name the baseline with --baseline")
+        return vanilla[0] if vanilla else groups[0]
     matches = [g for g in groups if choice == g.label or any(choice == r.name for r in g.runs)]
     if not matches:
         matches = [g for g in groups if choice == g.method]
@@ -714,7 +736,7 @@ def compare(runs: Sequence[SavedRun], baseline: str | None = None, seed: int = 0
     groups = group_runs(runs)
     base = resolve_baseline(groups, baseline)
     step_point, time_point = same_step(runs), least_time(runs)
-    fastest = min(runs, key=lambda run: run.train_time_s)
+    fastest = min(runs, key=lambda run: (run.train_time_s, run.name))
     # the target is on the curve's own metric (the last evaluation along the way, e.g. greedy Avg@1),
     # not the final sampled Avg@k, which may be another k and temperature
     base_last = mean_spread(run.evals[-1].avg_at_k if run.evals else None for run in base.runs)

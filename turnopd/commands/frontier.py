@@ -363,8 +363,8 @@ def sweep(args: argparse.Namespace) -> int:
 
 def _add_report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline", metavar="RUN_OR_METHOD",
-                   help="run, method or group the speedup is measured against "
-                        "(default: the vanilla_opd group when there is one, else the first)")
+                   help="run, method or group the speedup is measured against; a method several groups "
+                        "share is refused (default: the vanilla_opd group, else the first group by label)")
     p.add_argument("--md", action="store_true", help="print markdown tables instead of rich ones")
     p.add_argument("--by", choices=("time", "step"), default="time",
                    help="x-axis of the plot: training wall-clock (default) or optimizer steps")
