@@ -474,6 +474,19 @@ def test_t_interval_detectable_effect_and_verdicts_by_hand():
     assert non_inferiority(Interval(-0.03, -0.08, 0.02), margin=0.05) == "inconclusive"
 
 
+def test_the_paired_ratio_is_a_geometric_mean_whose_inverse_is_its_reciprocal():
+    from turnopd.analysis.frontier import ratio_interval
+
+    # ratios 2, 1/2, 1: logs ln 2, -ln 2, 0: mean 0 (ratio 1), s = ln 2 = .693147, t(0.975, 2) = 4.303:
+    # half 4.303 x .693147 / sqrt 3 = 1.72201, exp(-+1.72201) = .17870, 5.5958
+    ratio = ratio_interval([2.0, 0.5, 1.0])
+    assert (ratio.value, ratio.lo, ratio.hi) == pytest.approx((1.0, 0.17870, 5.5958), rel=1e-4)
+    # the other way round (this run's over the baseline's) is 1/x [1/hi, 1/lo]: one ratio, either way
+    forward, inverse = ratio_interval([1.5, 1.2, 1.0, 1.3]), ratio_interval([1 / 1.5, 1 / 1.2, 1.0, 1 / 1.3])
+    assert (inverse.value, inverse.lo, inverse.hi) == pytest.approx((1 / forward.value, 1 / forward.hi, 1 / forward.lo))
+    assert forward.value == pytest.approx((1.5 * 1.2 * 1.0 * 1.3) ** 0.25) and ratio_interval([1.2]) is None
+
+
 def _seed_pair_runs(tmp_path: Path) -> list:
     """vanilla: 4 steps of 10 s and 6 env steps; turnopd seed 0: 8 s and 8 env steps a step, seed 1:
     10 s and 8 env steps; evaluations at steps 0, 2, 4."""
@@ -498,7 +511,11 @@ def test_a_group_against_the_baseline_paired_by_seed_by_hand(tmp_path):
     assert s.verdict == "non-inferior"  # -.24265 > -.5
     # clock: the baseline's 40 s over 32 s and 40 s; env steps 24 over 32 in both seeds
     assert s.clock_ratio == pytest.approx([1.25, 1.0])
-    assert s.work_ratio["env_steps"].value == pytest.approx(0.75)
+    # geometric mean sqrt(1.25 x 1) = 1.1180; logs .22314, 0: mean .11157, s .15779, half 12.706 x .15779 / sqrt 2
+    # = 1.41766: exp(.11157 -+ 1.41766) = .27089, 4.6145
+    clock = s.clock_ratio_interval
+    assert (clock.value, clock.lo, clock.hi) == pytest.approx((1.1180, 0.27089, 4.6145), abs=1e-4)
+    assert (s.work_ratio["env_steps"].value, s.work_ratio["env_steps"].hi) == pytest.approx((0.75, 0.75))
     # at the baseline's clock (40 s) both seeds' last evaluations count: the final differences again;
     # at the baseline's 24 env steps only step 2 (16 env steps) counts: .45 - .5 and .35 - .4
     assert s.equal_clock.value == pytest.approx(0.075)

@@ -30,8 +30,9 @@ training wall-clock (seconds of the ledger's training clock, which excludes eval
   baseline, paired by seed (the seeds both ran), get the t interval over seeds, mean +- t(0.975,
   n-1) s / sqrt(n): with few seeds a percentile bootstrap over seeds is too narrow. The smallest
   effect the seeds could detect (two-sided 5%, power 80%) is (t(0.975, n-1) + t(0.80, n-1)) s / sqrt(n)
-  with s the paired differences' standard deviation. Per seed, the clock ratio and each work ratio
-  (the baseline seed's whole run over this run's: at equal steps) with their t interval.
+  with s the paired differences' standard deviation. The clock ratio and each work ratio (per seed the
+  baseline seed's whole run over this run's, at equal steps): their geometric mean over seeds with
+  the t interval of the logs (ratio_interval), so the inverse ratio is exactly its reciprocal.
 - Equal budget: per seed, this run's last evaluation within the baseline seed's budget, in training
   clock (its evaluations up to the baseline's training clock) and in work (up to the baseline's
   cumulative env steps, or another WORK measure), against the baseline's last evaluation, paired
@@ -349,6 +350,14 @@ def t_interval(values: Sequence[float]) -> Interval | None:
     return Interval(mean, mean - half, mean + half)
 
 
+def ratio_interval(ratios: Sequence[float]) -> Interval | None:
+    """The paired ratio over seeds (docs/frontiers.md, "Work ratio"): the geometric mean of per-seed
+    ratios with the t interval of their logs, exp(mean log r +- t(0.975, n-1) s_log / sqrt(n)), so that
+    the inverse ratio is exactly 1/value [1/hi, 1/lo]; None for fewer than 2."""
+    logs = t_interval([math.log(r) for r in ratios])
+    return None if logs is None else Interval(math.exp(logs.value), math.exp(logs.lo), math.exp(logs.hi))
+
+
 def detectable_effect(differences: Sequence[float]) -> float | None:
     """The smallest true mean difference a two-sided 5% t test over these paired differences detects
     with 80% power: (t(0.975, n-1) + t(0.80, n-1)) s / sqrt(n); None for fewer than 2."""
@@ -397,8 +406,8 @@ class SeedComparison:
     difference: Interval | None  # final minus the baseline's
     detectable: float | None  # the smallest difference these seeds could detect
     clock_ratio: list[float]  # per seed: the baseline's training clock / this one's (whole runs)
-    clock_ratio_interval: Interval | None
-    work_ratio: dict[str, Interval]  # per WORK key: the baseline's work / this one's (whole runs)
+    clock_ratio_interval: Interval | None  # ratio_interval(clock_ratio)
+    work_ratio: dict[str, Interval]  # per WORK key: ratio_interval of the baseline's work / this one's (whole runs)
     equal_clock: Interval | None  # last evaluation within the baseline's clock minus the baseline's last
     equal_work: Interval | None  # the same within the baseline's work (`work_unit`)
     work_unit: str
@@ -417,13 +426,13 @@ def compare_by_seed(runs: Sequence[SavedRun], base: Sequence[SavedRun], work_uni
                                           unit), b.evals[-1].avg_at_k) for a, b in pairs if b.evals]
         return t_interval([mine - theirs for mine, theirs in values if mine is not None])
 
-    clock = [b.train_time_s / a.train_time_s for a, b in pairs if a.train_time_s > 0]
-    work = {key: t_interval([b.work_by(math.inf)[key] / a.work_by(math.inf)[key] for a, b in pairs
-                             if a.work_by(math.inf)[key] > 0]) for key in WORK}
+    clock = [b.train_time_s / a.train_time_s for a, b in pairs if a.train_time_s > 0 and b.train_time_s > 0]
+    work = {key: ratio_interval([b.work_by(math.inf)[key] / a.work_by(math.inf)[key] for a, b in pairs
+                                 if a.work_by(math.inf)[key] > 0 and b.work_by(math.inf)[key] > 0]) for key in WORK}
     difference = t_interval(differences)
     return SeedComparison(
         seeds=[a.seed for a, _ in pairs], final=t_interval(finals), difference=difference,
-        detectable=detectable_effect(differences), clock_ratio=clock, clock_ratio_interval=t_interval(clock),
+        detectable=detectable_effect(differences), clock_ratio=clock, clock_ratio_interval=ratio_interval(clock),
         work_ratio={key: interval for key, interval in work.items() if interval is not None},
         equal_clock=equal_budget("train_time_s"), equal_work=equal_budget(work_unit), work_unit=work_unit,
         verdict=non_inferiority(difference, margin) if margin is not None else None)

@@ -111,7 +111,7 @@ def accuracy_table(cmp: Comparison, runs: Sequence[SavedRun]) -> tuple[str, list
     headers = ["run", *(["method"] if show_method else []), "seeds", "steps", "train time", "final [95% CI]",
                f"vs {cmp.baseline.label} [95% CI]", f"same-step @{cmp.same_step}",
                f"least-time @{_duration(cmp.least_time_s)}", f"time to {target}", "speedup [95% CI]",
-               "env-step ratio [95% CI]"]
+               "env-step ratio to target [95% CI]"]
     rows = []
     for row in cmp.rows:
         members = row.group.runs
@@ -170,8 +170,8 @@ def seed_table(cmp: Comparison) -> tuple[str, list[str], Rows]:
                      if s.clock_ratio_interval else "–",
                      _ratio(work.value, (work.lo, work.hi), None) if work else "–",
                      *([s.verdict or "–"] if cmp.margin is not None else [])])
-    return (f"Paired by seed against {cmp.baseline.label} (t intervals over seeds; ratios: the baseline's whole "
-            "run over this one's)", headers, rows)
+    return (f"Paired by seed against {cmp.baseline.label} (t intervals over seeds; ratios: the geometric mean over "
+            "seeds of the baseline's whole run over this one's)", headers, rows)
 
 
 def cost_table(cmp: Comparison) -> tuple[str, list[str], Rows]:
@@ -243,7 +243,9 @@ def notes(cmp: Comparison, runs: Sequence[SavedRun]) -> list[str]:
                  "few seeds a bootstrap over seeds is too narrow); detectable: the smallest true difference a "
                  "two-sided 5% t test on these seeds finds with 80% power; at the baseline's clock / work: each "
                  "seed's last evaluation within the baseline seed's training clock / work, minus the baseline's "
-                 "last evaluation; ratios: the baseline seed's whole run over this one's (at equal steps)."
+                 "last evaluation; ratios: per seed the baseline seed's whole run over this one's (at equal steps); "
+                 "[t 95%]: their geometric mean with the t interval of their logs, so this run's over the "
+                 "baseline's is exactly 1/x [1/hi, 1/lo] (docs/frontiers.md, Work ratio)."
                  + (f" Non-inferior at {100 * cmp.margin:g} points: the t interval of the final difference lies above "
                     f"-{100 * cmp.margin:g}; inferior: below it; else inconclusive." if cmp.margin is not None else ""))
     lines.append("cap, turns, deep share: means over training steps of the rollout-depth cap, the turns "
