@@ -612,3 +612,19 @@ def test_an_ambiguous_baseline_is_refused_with_the_candidate_groups(tmp_path, ca
     assert compare(runs, baseline="opd-big-s1").baseline.label == "opd-big"  # a run names its group
     assert main(["frontier", *map(str, dirs), "--baseline", "vanilla_opd", "--out", str(tmp_path / "f.png")]) == 2
     assert "matches several groups (opd-big, opd-small)" in capsys.readouterr().err
+
+
+def test_the_notes_give_the_work_each_budgeted_group_achieved(tmp_path, capsys):
+    # two seeds ended by an env-step budget of 6 and 10 after 7 and 13 env steps, one seed not ended by it
+    for seed, budget in ((0, (6, 7)), (1, (10, 13)), (2, None)):
+        run_dir = write_run(tmp_path, f"ctl-s{seed}", method="vanilla_opd", seed=seed, total_steps=4,
+                            train=[(1, 1.0), (2, 2.0)], evals=[(2, 2.0, 0.5)])
+        if budget:
+            with (run_dir / "metrics.jsonl").open("a") as f:
+                f.write(json.dumps({"kind": "budget_reached", "step": 2, "unit": "env_steps", "amount": budget[0],
+                                    "spent": budget[1]}) + "\n")
+    assert main(["frontier", *(str(tmp_path / f"ctl-s{s}") for s in range(3)), "--md",
+                 "--out", str(tmp_path / "f.png")]) == 0
+    # mean achieved (7 + 13) / 2 = 10 against (6 + 10) / 2 = 8; the most past its budget: 13 - 10 = +3
+    assert ("vanilla_opd: trainer.budget ended 2 of 3 runs; env_steps achieved 10 per run against 8 budgeted "
+            "(at most +3); compared at the work achieved.") in capsys.readouterr().out

@@ -124,6 +124,7 @@ class SavedRun:
     teacher: float | None = None  # the teacher's Avg@k on the same tasks
     models: dict[str, dict[str, Any]] = field(default_factory=dict)  # the start record's: {role: {path, weights}}
     budget_step: int | None = None  # the step at which trainer.budget ended the run
+    budget: dict[str, Any] | None = None  # its budget_reached record: unit, amount, spent (the work achieved)
 
     @property
     def final(self) -> EvalPoint | None:
@@ -210,14 +211,14 @@ def load_run(run_dir: str | Path, per_seed_keys: Sequence[str] = ()) -> SavedRun
     final_eval = (EvalPoint(finals[-1]["step"], float(finals[-1]["train_time_s"]), float(finals[-1]["avg_at_k"]),
                             finals[-1].get("per_task") or {}) if finals else None)
     teachers = [r for r in records if r.get("kind") == "teacher_eval"]
-    budget = [r["step"] for r in records if r.get("kind") == "budget_reached"]
+    budget = [r for r in records if r.get("kind") == "budget_reached"]
     return SavedRun(
         name=path.name, path=path, method=method or "unknown", seed=seed,
         total_steps=start.get("total_steps"), train=train, evals=[by_step[s] for s in sorted(by_step)],
         eval_time_s=eval_time_s, k=eval_records[-1].get("k") if eval_records else None, split=split,
         recipe_key=recipe_key, final_eval=final_eval,
         teacher=float(teachers[-1]["avg_at_k"]) if teachers else None, models=start.get("models") or {},
-        budget_step=budget[-1] if budget else None,
+        budget_step=budget[-1]["step"] if budget else None, budget=budget[-1] if budget else None,
     )
 
 

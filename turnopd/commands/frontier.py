@@ -252,10 +252,26 @@ def notes(cmp: Comparison, runs: Sequence[SavedRun]) -> list[str]:
                  "per episode and the deep-turn loss share; eval time: per run, outside the training "
                  "clock; phase columns: share of the training clock (the loop's own phases, which add up); busy "
                  "columns: share of the training clock each resource worked (they overlap).")
+    lines += budget_lines(cmp)
     ks = {run.k for run in runs if run.k is not None}
     if len(ks) > 1 or len(splits) > 1:
         lines.append(f"WARNING: runs were evaluated differently (k in {sorted(ks)}, splits {splits}).")
     lines += [f"WARNING: {line}; differences between those runs mix the builds." for line in mixed_builds(runs)]
+    return lines
+
+
+def budget_lines(cmp: Comparison) -> list[str]:
+    """Per group that trainer.budget ended: the work achieved against the amount (the comparison is at
+    the achieved work)."""
+    lines = []
+    for row in cmp.rows:
+        ended = [run.budget for run in row.group.runs if run.budget]
+        if ended:
+            over = max(b["spent"] - b["amount"] for b in ended)
+            lines.append(f"{row.group.label}: trainer.budget ended {len(ended)} of {len(row.group.runs)} runs; "
+                         f"{ended[0]['unit']} achieved {sum(b['spent'] for b in ended) / len(ended):,.0f} per run "
+                         f"against {sum(b['amount'] for b in ended) / len(ended):,.0f} budgeted (at most {over:+,.0f}); "
+                         "compared at the work achieved.")
     return lines
 
 
