@@ -219,7 +219,9 @@ def main() -> int:
             print(f"== regime {regime}, sweep {sweep}\n$ " + " ".join(command), flush=True)
             code = subprocess.call(command) or code
         if len(REGIMES[regime]) > 1:  # the sweeps' runs side by side, against the first sweep's first method
-            baseline = next(m for m in REGIMES[regime][0][1].split(",") if m in chosen)
+            # named by its seed-0 run: the sweeps share methods, so a method would match several groups
+            first_sweep, first_methods, _ = REGIMES[regime][0]
+            baseline = f"{first_sweep}-{next(m for m in first_methods.split(',') if m in chosen)}-s0"
             command = [sys.executable, "-m", "turnopd.cli", "frontier", *sorted(str(p.parent) for p in
                        Path(out_dir).glob("*/metrics.jsonl")), "--md", "--baseline", baseline,
                        "--out", f"{out_dir}/frontier.png"]
@@ -229,7 +231,7 @@ def main() -> int:
             code = equal_work_control(Path(out_dir), args.seeds, args.overrides) or code
             # the control's seeds differ only in their matched budget: one group. The primary comparison
             # is against it, the secondary against vanilla OPD at equal steps
-            for baseline in ("equal_budget-vanilla_opd_at_turnopd_work-s0", "vanilla_opd"):
+            for baseline in ("equal_budget-vanilla_opd_at_turnopd_work", "equal_budget-vanilla_opd"):
                 command = [sys.executable, "-m", "turnopd.cli", "frontier", *sorted(str(p.parent) for p in
                            Path(out_dir).glob("*/metrics.jsonl")), "--md", "--baseline", baseline,
                            "--per-seed", "trainer.budget.amount", "--margin", str(EQUAL_BUDGET_MARGIN),

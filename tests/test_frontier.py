@@ -53,6 +53,10 @@ def write_run(root: Path, name: str, *, method: str, seed: int = 0, total_steps:
     return run_dir
 
 
+def by_label(cmp) -> dict:
+    return {row.group.label: row for row in cmp.rows}
+
+
 def evals_of(*points: tuple[int, float, float]) -> list[EvalPoint]:
     return [EvalPoint(*p) for p in points]
 
@@ -138,7 +142,7 @@ def test_work_ratio_to_the_baselines_accuracy(tmp_path: Path):
             for s in (0, 1)]
     dirs += [run(f"td-s{s}", "turnopd", s, [(0, 0.0, 0.2), (1, 10.0, 0.6), (2, 20.0, 0.6)], [60]) for s in (0, 1)]
     cmp = compare([load_run(d) for d in dirs])
-    _, td = cmp.rows
+    td = by_label(cmp)["turnopd"]
     ratio = td.work_ratio["env_steps"]
     assert ratio.value == pytest.approx(200 / 60) and ratio.lo == ratio.hi == pytest.approx(200 / 60)
     assert td.work["env_steps"] == 120  # a whole run: 2 steps of 60
@@ -196,7 +200,8 @@ def test_speedup_against_the_baseline(tmp_path: Path):
                   evals=[(0, 0.0, 0.2), (1, 100.0, 0.65), (2, 250.0, 0.69)]),
     ]
     cmp = compare([load_run(d) for d in runs])  # vanilla_opd is the default baseline
-    opd, fast, slow = cmp.rows
+    assert [r.group.label for r in cmp.rows] == ["fast", "opd", "slow"]  # sorted by label
+    fast, opd, slow = cmp.rows
     # the baseline's final 0.7 is first reached at 200 s (not at its end, 300 s)
     assert cmp.target == 0.7 and cmp.baseline_time_s == 200.0
     assert opd.speedup == 1.0
@@ -204,7 +209,7 @@ def test_speedup_against_the_baseline(tmp_path: Path):
     assert slow.time_to_target_s is None and slow.speedup is None
     # against another baseline: "fast" reaches its final 0.75 at 150 s; nobody else does
     by_fast = compare([load_run(d) for d in runs], baseline="fast")
-    assert [r.speedup for r in by_fast.rows] == [None, 1.0, None]
+    assert [r.speedup for r in by_fast.rows] == [1.0, None, None]
 
 
 def test_the_target_is_on_the_curves_metric_not_the_final_sampled_one(tmp_path: Path):
@@ -239,8 +244,8 @@ def test_seeds_of_a_method_are_aggregated(tmp_path: Path):
             run("td-s0", "turnopd", 0, [(0, 0.0, 0.2), (1, 60.0, 0.8)]),
             run("td-s1", "turnopd", 1, [(0, 0.0, 0.2), (1, 50.0, 0.6)])]
     cmp = compare([load_run(d) for d in dirs])
-    assert [(r.group.label, len(r.group.runs)) for r in cmp.rows] == [("vanilla_opd", 2), ("turnopd", 2)]
-    opd, td = cmp.rows
+    assert [(r.group.label, len(r.group.runs)) for r in cmp.rows] == [("turnopd", 2), ("vanilla_opd", 2)]
+    td, opd = cmp.rows
     # baseline final = mean(.6, .8) = .7, sample std |.6 - .8| / sqrt(2); its seed-mean curve:
     # t=100: (.6+.4)/2 = .5, t=120: (.6+.8)/2 = .7, so it reaches .7 at 120 s
     assert opd.final.mean == pytest.approx(0.7)
@@ -257,7 +262,7 @@ def test_runs_of_one_method_with_different_recipes_stay_apart(tmp_path: Path):
                          evals=[(1, 1.0, 0.5)], config={"name": name, "seed": 0, "trainer": {"lr": lr}})
 
     cmp = compare([load_run(run("lr-small", 1e-6)), load_run(run("lr-big", 1e-5))])
-    assert [r.group.label for r in cmp.rows] == ["lr-small", "lr-big"]
+    assert [r.group.label for r in cmp.rows] == ["lr-big", "lr-small"]
 
 
 def test_a_key_a_run_did_not_record_is_its_default_and_per_seed_keys_do_not_split(tmp_path: Path):
@@ -269,11 +274,11 @@ def test_a_key_a_run_did_not_record_is_its_default_and_per_seed_keys_do_not_spli
     # seed 0 was saved before env.pool existed; seed 1 recorded its default "local"; seed 2 ran on Ray
     dirs = [run("a-s0", 0, {"name": "alfworld"}, 2842.0), run("a-s1", 1, {"name": "alfworld", "pool": "local"}, 4214.0),
             run("a-s2", 2, {"name": "alfworld", "pool": "ray"}, 3000.0)]
-    labels = [r.group.label for r in compare([load_run(d) for d in dirs]).rows]
+    labels = [r.group.label for r in compare([load_run(d) for d in dirs], baseline="a-s0").rows]
     assert labels == ["a-s0", "a-s1", "a-s2"]  # the budgets differ: three recipes
-    grouped = compare([load_run(d, per_seed_keys=["trainer.budget.amount"]) for d in dirs]).rows
-    assert [(r.group.label, [run.seed for run in r.group.runs]) for r in grouped] == [("vanilla_opd", [0, 1]),
-                                                                                        ("a-s2", [2])]
+    grouped = compare([load_run(d, per_seed_keys=["trainer.budget.amount"]) for d in dirs], baseline="a").rows
+    # two vanilla_opd groups: the one of two seeds is labelled by its names' stem, not its method
+    assert [(r.group.label, [run.seed for run in r.group.runs]) for r in grouped] == [("a", [0, 1]), ("a-s2", [2])]
 
 
 def test_runs_with_the_same_seed_are_not_aggregated(tmp_path: Path):
@@ -469,6 +474,19 @@ def test_t_interval_detectable_effect_and_verdicts_by_hand():
     assert non_inferiority(Interval(-0.03, -0.08, 0.02), margin=0.05) == "inconclusive"
 
 
+def test_the_paired_ratio_is_a_geometric_mean_whose_inverse_is_its_reciprocal():
+    from turnopd.analysis.frontier import ratio_interval
+
+    # ratios 2, 1/2, 1: logs ln 2, -ln 2, 0: mean 0 (ratio 1), s = ln 2 = .693147, t(0.975, 2) = 4.303:
+    # half 4.303 x .693147 / sqrt 3 = 1.72201, exp(-+1.72201) = .17870, 5.5958
+    ratio = ratio_interval([2.0, 0.5, 1.0])
+    assert (ratio.value, ratio.lo, ratio.hi) == pytest.approx((1.0, 0.17870, 5.5958), rel=1e-4)
+    # the other way round (this run's over the baseline's) is 1/x [1/hi, 1/lo]: one ratio, either way
+    forward, inverse = ratio_interval([1.5, 1.2, 1.0, 1.3]), ratio_interval([1 / 1.5, 1 / 1.2, 1.0, 1 / 1.3])
+    assert (inverse.value, inverse.lo, inverse.hi) == pytest.approx((1 / forward.value, 1 / forward.hi, 1 / forward.lo))
+    assert forward.value == pytest.approx((1.5 * 1.2 * 1.0 * 1.3) ** 0.25) and ratio_interval([1.2]) is None
+
+
 def _seed_pair_runs(tmp_path: Path) -> list:
     """vanilla: 4 steps of 10 s and 6 env steps; turnopd seed 0: 8 s and 8 env steps a step, seed 1:
     10 s and 8 env steps; evaluations at steps 0, 2, 4."""
@@ -493,12 +511,16 @@ def test_a_group_against_the_baseline_paired_by_seed_by_hand(tmp_path):
     assert s.verdict == "non-inferior"  # -.24265 > -.5
     # clock: the baseline's 40 s over 32 s and 40 s; env steps 24 over 32 in both seeds
     assert s.clock_ratio == pytest.approx([1.25, 1.0])
-    assert s.work_ratio["env_steps"].value == pytest.approx(0.75)
+    # geometric mean sqrt(1.25 x 1) = 1.1180; logs .22314, 0: mean .11157, s .15779, half 12.706 x .15779 / sqrt 2
+    # = 1.41766: exp(.11157 -+ 1.41766) = .27089, 4.6145
+    clock = s.clock_ratio_interval
+    assert (clock.value, clock.lo, clock.hi) == pytest.approx((1.1180, 0.27089, 4.6145), abs=1e-4)
+    assert (s.work_ratio["env_steps"].value, s.work_ratio["env_steps"].hi) == pytest.approx((0.75, 0.75))
     # at the baseline's clock (40 s) both seeds' last evaluations count: the final differences again;
     # at the baseline's 24 env steps only step 2 (16 env steps) counts: .45 - .5 and .35 - .4
     assert s.equal_clock.value == pytest.approx(0.075)
     assert (s.equal_work.value, s.equal_work.lo, s.equal_work.hi) == pytest.approx((-0.05, -0.05, -0.05))
-    assert compare(_seed_pair_runs(tmp_path / "b"), margin=0.1).rows[1].by_seed.verdict == "inconclusive"
+    assert by_label(compare(_seed_pair_runs(tmp_path / "b"), margin=0.1))["turnopd"].by_seed.verdict == "inconclusive"
 
 
 def test_the_order_of_the_run_folders_does_not_change_the_intervals(tmp_path):
@@ -507,12 +529,11 @@ def test_the_order_of_the_run_folders_does_not_change_the_intervals(tmp_path):
         for e in run.evals:
             e.per_task.update({f"t{i}": float((i + e.step + run.seed) % 3 == 0) for i in range(6)})
     forward, backward = compare(runs, baseline="vanilla_opd"), compare(runs[::-1], baseline="vanilla_opd")
-    by_label = {row.group.label: row for row in backward.rows}
-    for row in forward.rows:
-        other = by_label[row.group.label]
+    assert [row.group.label for row in forward.rows] == [row.group.label for row in backward.rows]
+    for row, other in zip(forward.rows, backward.rows, strict=True):
         assert (row.final_interval, row.difference, row.speedup_interval) == (
             other.final_interval, other.difference, other.speedup_interval)
-    assert forward.rows[1].final_interval is not None and forward.rows[1].difference is not None
+    assert by_label(forward)["turnopd"].final_interval is not None and by_label(forward)["turnopd"].difference is not None
 
 
 def test_frontier_prints_the_paired_table_and_the_verdict(tmp_path, capsys):
@@ -551,3 +572,59 @@ def test_the_plot_legend_is_below_the_panels_which_keep_the_figure_width(tmp_pat
     renderer = fig.canvas.get_renderer()
     assert legend.get_window_extent(renderer).y1 <= depth_ax.get_tightbbox(renderer).y0
     assert len(legend.get_texts()) >= 4  # two methods, the frontier, the Least-Time point
+
+
+EQUAL_BUDGET_RUNS = Path(__file__).parent.parent / "benchmarks/results/frontier_alfworld/equal_budget"
+
+
+def test_the_saved_equal_budget_runs_give_the_same_tables_in_any_folder_order(capsys):
+    from turnopd.commands.frontier import print_report
+
+    # seeds 0-2 of the three arms: the full vanilla run and the equal-work control are both vanilla_opd
+    folders = sorted(p for p in EQUAL_BUDGET_RUNS.glob("*-s[012]") if p.is_dir())
+    assert len(folders) == 9
+    shuffled = [folders[i] for i in np.random.default_rng(5).permutation(len(folders))]
+    tables = []
+    for order in (shuffled, folders[::-1]):
+        runs = [load_run(d, ["trainer.budget.amount"]) for d in order]
+        cmp = compare(runs, baseline="equal_budget-vanilla_opd", margin=0.05)
+        print_report(cmp, runs, md=True)
+        tables.append(capsys.readouterr().out)
+        assert [row.group.label for row in cmp.rows] == [
+            "equal_budget-vanilla_opd", "equal_budget-vanilla_opd_at_turnopd_work", "turnopd"]
+    assert tables[0] == tables[1]
+    with pytest.raises(FrontierError, match="'vanilla_opd' matches several groups \\(equal_budget-vanilla_opd, "
+                                            "equal_budget-vanilla_opd_at_turnopd_work\\)"):
+        compare(runs, baseline="vanilla_opd")
+
+
+def test_an_ambiguous_baseline_is_refused_with_the_candidate_groups(tmp_path, capsys):
+    # two vanilla_opd recipes (lr 1e-6 and 1e-5) of two seeds each, and one turnopd run
+    dirs = [write_run(tmp_path, f"{arm}-s{seed}", method="vanilla_opd", seed=seed, total_steps=1, train=[(1, 1.0)],
+                      evals=[(1, 1.0, 0.5)], config={"name": f"{arm}-s{seed}", "seed": seed, "trainer": {"lr": lr}})
+            for arm, lr in (("opd-small", 1e-6), ("opd-big", 1e-5)) for seed in (0, 1)]
+    dirs.append(write_run(tmp_path, "td", method="turnopd", total_steps=1, train=[(1, 1.0)], evals=[(1, 1.0, 0.6)]))
+    runs = [load_run(d) for d in dirs]
+    for choice in ("vanilla_opd", None):  # named, and the default (the vanilla_opd group)
+        with pytest.raises(FrontierError, match=r"\(opd-big, opd-small\)"):
+            compare(runs, baseline=choice)
+    assert compare(runs[::-1], baseline="opd-small").baseline.label == "opd-small"
+    assert compare(runs, baseline="opd-big-s1").baseline.label == "opd-big"  # a run names its group
+    assert main(["frontier", *map(str, dirs), "--baseline", "vanilla_opd", "--out", str(tmp_path / "f.png")]) == 2
+    assert "matches several groups (opd-big, opd-small)" in capsys.readouterr().err
+
+
+def test_the_notes_give_the_work_each_budgeted_group_achieved(tmp_path, capsys):
+    # two seeds ended by an env-step budget of 6 and 10 after 7 and 13 env steps, one seed not ended by it
+    for seed, budget in ((0, (6, 7)), (1, (10, 13)), (2, None)):
+        run_dir = write_run(tmp_path, f"ctl-s{seed}", method="vanilla_opd", seed=seed, total_steps=4,
+                            train=[(1, 1.0), (2, 2.0)], evals=[(2, 2.0, 0.5)])
+        if budget:
+            with (run_dir / "metrics.jsonl").open("a") as f:
+                f.write(json.dumps({"kind": "budget_reached", "step": 2, "unit": "env_steps", "amount": budget[0],
+                                    "spent": budget[1]}) + "\n")
+    assert main(["frontier", *(str(tmp_path / f"ctl-s{s}") for s in range(3)), "--md",
+                 "--out", str(tmp_path / "f.png")]) == 0
+    # mean achieved (7 + 13) / 2 = 10 against (6 + 10) / 2 = 8; the most past its budget: 13 - 10 = +3
+    assert ("vanilla_opd: trainer.budget ended 2 of 3 runs; env_steps achieved 10 per run against 8 budgeted "
+            "(at most +3); compared at the work achieved.") in capsys.readouterr().out

@@ -104,3 +104,42 @@ def test_work_spent_adds_the_work_of_each_step_and_keeps_the_clock():
     spent.add(StepRecord(step=1, train_time_s=10.0, env_steps=30, tokens_generated=200, tokens_trained=900))
     spent.add(StepRecord(step=2, train_time_s=25.5, env_steps=12, tokens_generated=80, tokens_trained=400))
     assert spent == WorkSpent(train_time_s=25.5, env_steps=42, tokens_generated=280, tokens_trained=1300)
+
+
+def _budgeted(unit: str, amount: float, mode: str = "sync") -> RunConfig:
+    from turnopd.config import BudgetConfig, PipelineConfig, PolicyConfig
+
+    return RunConfig(env=EnvConfig(max_turns=30), policy=PolicyConfig(max_new_tokens=16),
+                     pipeline=PipelineConfig(mode=mode),
+                     trainer=TrainerConfig(episodes_per_step=4, budget=BudgetConfig(unit=unit, amount=amount)))
+
+
+def test_the_last_step_plays_only_what_the_budget_leaves():
+    from turnopd.core.metrics import WorkSpent
+    from turnopd.orchestration.pipeline.plan import work_left
+
+    depth = DepthController(h_min=2, h_max=30, min_successes=1, warmup_steps=0, probe_every=3, num_probes=1)
+    depth.cap = 9  # step 0 probes (1 probe at 30 turns among 3 at the cap 9), steps 1 and 2 do not
+    cfg = _budgeted("env_steps", 100)
+    spent = WorkSpent(env_steps=80)  # 20 left: episodes of at most 9, 9, 9, 9 env steps reach it with 3 (27)
+    assert work_left(cfg, spent) == 20
+    assert plan_batch(depth, 1, cfg, work_left(cfg, spent)).turn_limits == (9, 9, 9)
+    # 80 + 27 = 107 at most at the end: within one episode's 9 env steps of the budget, 100
+    assert plan_batch(depth, 1, cfg, 100 - 95).turn_limits == (9,)  # 5 left: one episode
+    assert plan_batch(depth, 1, cfg, 36).turn_limits == (9, 9, 9, 9)  # 4 x 9 = 36 just reaches it
+    assert plan_batch(depth, 1, cfg, 1000).turn_limits == (9, 9, 9, 9)  # the whole batch
+    # a probe step: the probe first (30), which alone reaches 25 left: the step is that probe
+    probe_step = plan_batch(depth, 0, cfg, 25)
+    assert (probe_step.turn_limits, probe_step.probes, probe_step.is_probe_step) == ((30,), 1, True)
+    assert plan_batch(depth, 0, cfg, 35).turn_limits == (30, 9)  # 30 < 35 <= 39
+    # tokens generated: at most 16 a turn, 9 x 16 = 144 an episode: 300 left take 3 (432 >= 300 > 288)
+    assert plan_batch(depth, 1, _budgeted("tokens_generated", 1000), 300).turn_limits == (9, 9, 9)
+    # pool: the rollouts come from waves requested at earlier caps, so each counts env.max_turns (30)
+    assert plan_batch(depth, 1, _budgeted("env_steps", 100, "pool"), 35).turn_limits == (9, 9)
+    # one_step_off plans the next batch before this one is trained: it counts on 20 - (9 + 9 + 9) <= 0
+    this_step = plan_batch(depth, 1, cfg, work_left(cfg, spent))
+    assert work_left(cfg, spent, ahead=this_step) == 20 - 27
+    # no plan bounds the clock or tokens_trained (prompts are trained too): the step is whole
+    for unit in ("train_time_s", "tokens_trained"):
+        assert work_left(_budgeted(unit, 100), spent) is None
+    assert work_left(RunConfig(), spent) is None  # no budget

@@ -312,8 +312,10 @@ class BudgetConfig:
     """A training budget: the run ends after the step at which its cumulative `unit` reaches `amount`
     (with the final evaluation and checkpoint of a last step): the training clock in seconds
     (train_time_s) or a work measure (env_steps, tokens_generated, tokens_trained), which does not
-    depend on the machine. The step that reaches it is trained whole, so a run spends at most one
-    step more than its budget."""
+    depend on the machine. In env_steps and tokens_generated the last steps play only the episodes
+    the budget leaves room for (turnopd.orchestration.pipeline.plan.within_budget), so a run ends at
+    most one episode's work past it; the clock and tokens_trained cannot be bounded ahead: the step
+    that crosses them is trained whole (docs/recipes.md, Training budgets)."""
 
     unit: str = field(default="env_steps", metadata=_choices(*WORK_UNITS))
     amount: float = 0.0

@@ -30,8 +30,9 @@ training wall-clock (seconds of the ledger's training clock, which excludes eval
   baseline, paired by seed (the seeds both ran), get the t interval over seeds, mean +- t(0.975,
   n-1) s / sqrt(n): with few seeds a percentile bootstrap over seeds is too narrow. The smallest
   effect the seeds could detect (two-sided 5%, power 80%) is (t(0.975, n-1) + t(0.80, n-1)) s / sqrt(n)
-  with s the paired differences' standard deviation. Per seed, the clock ratio and each work ratio
-  (the baseline seed's whole run over this run's: at equal steps) with their t interval.
+  with s the paired differences' standard deviation. The clock ratio and each work ratio (per seed the
+  baseline seed's whole run over this run's, at equal steps): their geometric mean over seeds with
+  the t interval of the logs (ratio_interval), so the inverse ratio is exactly its reciprocal.
 - Equal budget: per seed, this run's last evaluation within the baseline seed's budget, in training
   clock (its evaluations up to the baseline's training clock) and in work (up to the baseline's
   cumulative env steps, or another WORK measure), against the baseline's last evaluation, paired
@@ -41,7 +42,8 @@ training wall-clock (seconds of the ledger's training clock, which excludes eval
 - Random streams: each group's resamples come from its own stream, seeded by the seed and the
   group's run names, so the order of the run folders does not change any interval.
 - Seeds: runs of the same method and recipe (their config.yaml equal up to name, seed and
-  output_dir) with distinct seeds form a group. A group's accuracy at x is the mean over its
+  output_dir) with distinct seeds form a group, labelled from its runs (group_labels), never their
+  order; groups are sorted by label. A group's accuracy at x is the mean over its
   evaluated seeds of their step-wise accuracies, from the first x at which every such seed has been
   evaluated; a group's time to reach an accuracy is read on that seed-mean curve. Its point figures
   (final, Same-Step, Least-Time) are the mean and sample standard deviation across seeds.
@@ -54,6 +56,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import re
 import statistics
 import warnings
 import zlib
@@ -120,6 +124,7 @@ class SavedRun:
     teacher: float | None = None  # the teacher's Avg@k on the same tasks
     models: dict[str, dict[str, Any]] = field(default_factory=dict)  # the start record's: {role: {path, weights}}
     budget_step: int | None = None  # the step at which trainer.budget ended the run
+    budget: dict[str, Any] | None = None  # its budget_reached record: unit, amount, spent (the work achieved)
 
     @property
     def final(self) -> EvalPoint | None:
@@ -206,14 +211,14 @@ def load_run(run_dir: str | Path, per_seed_keys: Sequence[str] = ()) -> SavedRun
     final_eval = (EvalPoint(finals[-1]["step"], float(finals[-1]["train_time_s"]), float(finals[-1]["avg_at_k"]),
                             finals[-1].get("per_task") or {}) if finals else None)
     teachers = [r for r in records if r.get("kind") == "teacher_eval"]
-    budget = [r["step"] for r in records if r.get("kind") == "budget_reached"]
+    budget = [r for r in records if r.get("kind") == "budget_reached"]
     return SavedRun(
         name=path.name, path=path, method=method or "unknown", seed=seed,
         total_steps=start.get("total_steps"), train=train, evals=[by_step[s] for s in sorted(by_step)],
         eval_time_s=eval_time_s, k=eval_records[-1].get("k") if eval_records else None, split=split,
         recipe_key=recipe_key, final_eval=final_eval,
         teacher=float(teachers[-1]["avg_at_k"]) if teachers else None, models=start.get("models") or {},
-        budget_step=budget[-1] if budget else None,
+        budget_step=budget[-1]["step"] if budget else None, budget=budget[-1] if budget else None,
     )
 
 
@@ -346,6 +351,14 @@ def t_interval(values: Sequence[float]) -> Interval | None:
     return Interval(mean, mean - half, mean + half)
 
 
+def ratio_interval(ratios: Sequence[float]) -> Interval | None:
+    """The paired ratio over seeds (docs/frontiers.md, "Work ratio"): the geometric mean of per-seed
+    ratios with the t interval of their logs, exp(mean log r +- t(0.975, n-1) s_log / sqrt(n)), so that
+    the inverse ratio is exactly 1/value [1/hi, 1/lo]; None for fewer than 2."""
+    logs = t_interval([math.log(r) for r in ratios])
+    return None if logs is None else Interval(math.exp(logs.value), math.exp(logs.lo), math.exp(logs.hi))
+
+
 def detectable_effect(differences: Sequence[float]) -> float | None:
     """The smallest true mean difference a two-sided 5% t test over these paired differences detects
     with 80% power: (t(0.975, n-1) + t(0.80, n-1)) s / sqrt(n); None for fewer than 2."""
@@ -394,8 +407,8 @@ class SeedComparison:
     difference: Interval | None  # final minus the baseline's
     detectable: float | None  # the smallest difference these seeds could detect
     clock_ratio: list[float]  # per seed: the baseline's training clock / this one's (whole runs)
-    clock_ratio_interval: Interval | None
-    work_ratio: dict[str, Interval]  # per WORK key: the baseline's work / this one's (whole runs)
+    clock_ratio_interval: Interval | None  # ratio_interval(clock_ratio)
+    work_ratio: dict[str, Interval]  # per WORK key: ratio_interval of the baseline's work / this one's (whole runs)
     equal_clock: Interval | None  # last evaluation within the baseline's clock minus the baseline's last
     equal_work: Interval | None  # the same within the baseline's work (`work_unit`)
     work_unit: str
@@ -414,13 +427,13 @@ def compare_by_seed(runs: Sequence[SavedRun], base: Sequence[SavedRun], work_uni
                                           unit), b.evals[-1].avg_at_k) for a, b in pairs if b.evals]
         return t_interval([mine - theirs for mine, theirs in values if mine is not None])
 
-    clock = [b.train_time_s / a.train_time_s for a, b in pairs if a.train_time_s > 0]
-    work = {key: t_interval([b.work_by(math.inf)[key] / a.work_by(math.inf)[key] for a, b in pairs
-                             if a.work_by(math.inf)[key] > 0]) for key in WORK}
+    clock = [b.train_time_s / a.train_time_s for a, b in pairs if a.train_time_s > 0 and b.train_time_s > 0]
+    work = {key: ratio_interval([b.work_by(math.inf)[key] / a.work_by(math.inf)[key] for a, b in pairs
+                                 if a.work_by(math.inf)[key] > 0 and b.work_by(math.inf)[key] > 0]) for key in WORK}
     difference = t_interval(differences)
     return SeedComparison(
         seeds=[a.seed for a, _ in pairs], final=t_interval(finals), difference=difference,
-        detectable=detectable_effect(differences), clock_ratio=clock, clock_ratio_interval=t_interval(clock),
+        detectable=detectable_effect(differences), clock_ratio=clock, clock_ratio_interval=ratio_interval(clock),
         work_ratio={key: interval for key, interval in work.items() if interval is not None},
         equal_clock=equal_budget("train_time_s"), equal_work=equal_budget(work_unit), work_unit=work_unit,
         verdict=non_inferiority(difference, margin) if margin is not None else None)
@@ -605,7 +618,7 @@ def mixed_builds(runs: Sequence[SavedRun]) -> list[str]:
     records' `models`): runs of different builds of one folder are not paired replicates, however
     alike their configs (runs without fingerprints, older ones, are not checked)."""
     builds: dict[tuple[str, str], dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    for run in runs:
+    for run in sorted(runs, key=lambda run: run.name):  # the lines do not follow the folders' order
         for role, model in run.models.items():
             if model.get("weights"):
                 builds[(role, model["path"])][model["weights"]].append(run.name)
@@ -615,10 +628,9 @@ def mixed_builds(runs: Sequence[SavedRun]) -> list[str]:
 
 
 def group_runs(runs: Sequence[SavedRun]) -> list[RunGroup]:
-    """Groups in order of first appearance, seeds in order. Runs of one method and recipe whose
-    seeds repeat (or are unknown) are not replicates and stay single. A group of several seeds is
-    labelled by its method, a single run by its name; a label already taken gets the first run's
-    name appended."""
+    """Groups sorted by label, seeds in order, whatever the order of `runs`. Runs of one method and
+    recipe whose seeds repeat (or are unknown) are not replicates and stay single. Labels
+    (group_labels) come from the runs' methods and names, never from their position."""
     folders = [run.path.resolve() for run in runs]
     if len(set(folders)) < len(folders):
         twice = sorted({str(f) for f in folders if folders.count(f) > 1})
@@ -633,23 +645,43 @@ def group_runs(runs: Sequence[SavedRun]) -> list[RunGroup]:
             replicate_sets += [[run] for run in members]
         else:
             replicate_sets.append(sorted(members, key=lambda run: run.seed))
-    groups, taken = [], set()
-    for members in replicate_sets:
-        method = members[0].method
-        label = method if len(members) > 1 else members[0].name
-        if label in taken:
-            label = f"{label} ({members[0].name})"
-        taken.add(label)
-        groups.append(RunGroup(label, method, members))
-    return groups
+    labels = group_labels(replicate_sets)
+    return sorted((RunGroup(label, members[0].method, members) for label, members in zip(labels, replicate_sets,
+                                                                                         strict=True)),
+                  key=lambda group: group.label)
+
+
+def group_labels(replicate_sets: Sequence[Sequence[SavedRun]]) -> list[str]:
+    """Each group's label: a single run's name; several seeds' method when no other group has that
+    method, else their names' common stem (equal_budget-vanilla_opd for equal_budget-vanilla_opd-s0..s7).
+    Labels that still coincide get their group's first run folder appended."""
+    methods = [members[0].method for members in replicate_sets]
+    labels = [members[0].name if len(members) == 1 else
+              members[0].method if methods.count(members[0].method) == 1 else name_stem(members)
+              for members in replicate_sets]
+    return [f"{label} ({members[0].path})" if labels.count(label) > 1 else label
+            for label, members in zip(labels, replicate_sets, strict=True)]
+
+
+def name_stem(runs: Sequence[SavedRun]) -> str:
+    """What the runs' names share: each name without its "-s<seed>" suffix when those agree, else
+    their common prefix (without trailing separators), else the method."""
+    stems = {re.sub(rf"[-_]s?{run.seed}$", "", run.name) for run in runs}
+    if len(stems) == 1:
+        return stems.pop()
+    return os.path.commonprefix([run.name for run in runs]).rstrip("-_ ") or runs[0].method
 
 
 def resolve_baseline(groups: Sequence[RunGroup], choice: str | None) -> RunGroup:
-    """The group named by `choice` (a group label, a method or a run name); by default the
-    vanilla OPD group when there is exactly one, else the first group."""
+    """The group named by `choice` (a group label, a run name, or a method only one group has); by
+    default the vanilla OPD group, or with none the first group by label. Several groups matching
+    (the choice, or vanilla OPD by default) are refused, with their labels."""
     if choice is None:
         vanilla = [g for g in groups if g.method == DEFAULT_BASELINE_METHOD]
-        return vanilla[0] if len(vanilla) == 1 else groups[0]
+        if len(vanilla) > 1:
+            raise FrontierError(f"several {DEFAULT_BASELINE_METHOD} groups ({', '.join(g.label for g in vanilla)}); "
+                                "name the baseline with --baseline")
+        return vanilla[0] if vanilla else groups[0]
     matches = [g for g in groups if choice == g.label or any(choice == r.name for r in g.runs)]
     if not matches:
         matches = [g for g in groups if choice == g.method]
@@ -714,7 +746,7 @@ def compare(runs: Sequence[SavedRun], baseline: str | None = None, seed: int = 0
     groups = group_runs(runs)
     base = resolve_baseline(groups, baseline)
     step_point, time_point = same_step(runs), least_time(runs)
-    fastest = min(runs, key=lambda run: run.train_time_s)
+    fastest = min(runs, key=lambda run: (run.train_time_s, run.name))
     # the target is on the curve's own metric (the last evaluation along the way, e.g. greedy Avg@1),
     # not the final sampled Avg@k, which may be another k and temperature
     base_last = mean_spread(run.evals[-1].avg_at_k if run.evals else None for run in base.runs)

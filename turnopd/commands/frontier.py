@@ -111,7 +111,7 @@ def accuracy_table(cmp: Comparison, runs: Sequence[SavedRun]) -> tuple[str, list
     headers = ["run", *(["method"] if show_method else []), "seeds", "steps", "train time", "final [95% CI]",
                f"vs {cmp.baseline.label} [95% CI]", f"same-step @{cmp.same_step}",
                f"least-time @{_duration(cmp.least_time_s)}", f"time to {target}", "speedup [95% CI]",
-               "env-step ratio [95% CI]"]
+               "env-step ratio to target [95% CI]"]
     rows = []
     for row in cmp.rows:
         members = row.group.runs
@@ -170,8 +170,8 @@ def seed_table(cmp: Comparison) -> tuple[str, list[str], Rows]:
                      if s.clock_ratio_interval else "–",
                      _ratio(work.value, (work.lo, work.hi), None) if work else "–",
                      *([s.verdict or "–"] if cmp.margin is not None else [])])
-    return (f"Paired by seed against {cmp.baseline.label} (t intervals over seeds; ratios: the baseline's whole "
-            "run over this one's)", headers, rows)
+    return (f"Paired by seed against {cmp.baseline.label} (t intervals over seeds; ratios: the geometric mean over "
+            "seeds of the baseline's whole run over this one's)", headers, rows)
 
 
 def cost_table(cmp: Comparison) -> tuple[str, list[str], Rows]:
@@ -243,17 +243,35 @@ def notes(cmp: Comparison, runs: Sequence[SavedRun]) -> list[str]:
                  "few seeds a bootstrap over seeds is too narrow); detectable: the smallest true difference a "
                  "two-sided 5% t test on these seeds finds with 80% power; at the baseline's clock / work: each "
                  "seed's last evaluation within the baseline seed's training clock / work, minus the baseline's "
-                 "last evaluation; ratios: the baseline seed's whole run over this one's (at equal steps)."
+                 "last evaluation; ratios: per seed the baseline seed's whole run over this one's (at equal steps); "
+                 "[t 95%]: their geometric mean with the t interval of their logs, so this run's over the "
+                 "baseline's is exactly 1/x [1/hi, 1/lo] (docs/frontiers.md, Work ratio)."
                  + (f" Non-inferior at {100 * cmp.margin:g} points: the t interval of the final difference lies above "
                     f"-{100 * cmp.margin:g}; inferior: below it; else inconclusive." if cmp.margin is not None else ""))
     lines.append("cap, turns, deep share: means over training steps of the rollout-depth cap, the turns "
                  "per episode and the deep-turn loss share; eval time: per run, outside the training "
                  "clock; phase columns: share of the training clock (the loop's own phases, which add up); busy "
                  "columns: share of the training clock each resource worked (they overlap).")
+    lines += budget_lines(cmp)
     ks = {run.k for run in runs if run.k is not None}
     if len(ks) > 1 or len(splits) > 1:
         lines.append(f"WARNING: runs were evaluated differently (k in {sorted(ks)}, splits {splits}).")
     lines += [f"WARNING: {line}; differences between those runs mix the builds." for line in mixed_builds(runs)]
+    return lines
+
+
+def budget_lines(cmp: Comparison) -> list[str]:
+    """Per group that trainer.budget ended: the work achieved against the amount (the comparison is at
+    the achieved work)."""
+    lines = []
+    for row in cmp.rows:
+        ended = [run.budget for run in row.group.runs if run.budget]
+        if ended:
+            over = max(b["spent"] - b["amount"] for b in ended)
+            lines.append(f"{row.group.label}: trainer.budget ended {len(ended)} of {len(row.group.runs)} runs; "
+                         f"{ended[0]['unit']} achieved {sum(b['spent'] for b in ended) / len(ended):,.0f} per run "
+                         f"against {sum(b['amount'] for b in ended) / len(ended):,.0f} budgeted (at most {over:+,.0f}); "
+                         "compared at the work achieved.")
     return lines
 
 
@@ -363,8 +381,8 @@ def sweep(args: argparse.Namespace) -> int:
 
 def _add_report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline", metavar="RUN_OR_METHOD",
-                   help="run, method or group the speedup is measured against "
-                        "(default: the vanilla_opd group when there is one, else the first)")
+                   help="run, method or group the speedup is measured against; a method several groups "
+                        "share is refused (default: the vanilla_opd group, else the first group by label)")
     p.add_argument("--md", action="store_true", help="print markdown tables instead of rich ones")
     p.add_argument("--by", choices=("time", "step"), default="time",
                    help="x-axis of the plot: training wall-clock (default) or optimizer steps")

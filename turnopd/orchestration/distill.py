@@ -1,7 +1,8 @@
 """`turnopd distill`: the on-policy distillation loop, top to bottom in `train`.
 
 Per optimizer step k of K:
-    plan the batch (the turn budget: each episode's turn limit, probes at the full horizon)
+    plan the batch (the turn budget: each episode's turn limit, probes at the full horizon; under
+    trainer.budget in env steps or tokens generated, only the episodes the budget leaves room for)
     -> take its scored trajectories from the rollout source -> loss + optimizer step
     -> depth-controller update from the step's probes -> weight sync -> the step's record
     (+ evaluation every eval.every steps and at the end, + checkpoint every checkpoint.every steps)
@@ -32,7 +33,7 @@ from turnopd.core.progress import StepProgress, print_summary
 from turnopd.core.types import EpisodeSummary, Trajectory, build_token_batch, describe_env_errors, env_errors
 from turnopd.orchestration.addons import Addons, open_addons
 from turnopd.orchestration.evaluation import evaluate_at_start, evaluate_on_schedule
-from turnopd.orchestration.pipeline import BatchPlan, open_rollouts, plan_batch
+from turnopd.orchestration.pipeline import BatchPlan, Rollouts, open_rollouts, plan_batch, work_left
 from turnopd.orchestration.run_log import step_record
 from turnopd.orchestration.startup import DistillRun, open_run, save_checkpoint
 
@@ -59,12 +60,12 @@ def train(run: DistillRun, stop: StopSignals) -> dict[str, Any]:
         for step in range(run.start_step, cfg.trainer.steps):
             if run.budget_reached:  # trainer.budget: the last step was the one before
                 break
-            plan = plan_batch(depth, step, cfg)
+            plan = plan_batch(depth, step, cfg, work_left(cfg, run.spent))  # trainer.budget: what is left
             trajectories = rollouts.take(plan)  # the ledger's rollout (or probe) phase, or trainer_idle
             episodes = all_ranks_episodes(trajectories, step, run.run_dir)
             outcome_fields = run.outcomes.apply(trajectories, episodes)
-            if step + 1 < cfg.trainer.steps:  # the asynchronous modes generate it while this step trains
-                rollouts.prepare(plan_batch(depth, step + 1, cfg))
+            if step + 1 < cfg.trainer.steps:
+                prepare_next(run, rollouts, plan)
 
             alpha = step_alpha(cfg, step)
             with ledger.phase("train"):
@@ -109,6 +110,15 @@ def end_step(run: DistillRun, stop: StopSignals, pool: EnvPool, addons: Addons, 
     addons.between_steps()
     stop_if_asked(run, stop, done, checkpointed)
     return results
+
+
+def prepare_next(run: DistillRun, rollouts: Rollouts, plan: BatchPlan) -> None:
+    """The next step's plan, which the asynchronous modes generate while this step trains. It may only
+    count on the budget this step cannot spend (work_left with `ahead`); when that is nothing it is not
+    made: if this step leaves the budget unreached, the next one is planned and generated when it starts."""
+    left = work_left(run.cfg, run.spent, ahead=plan)
+    if left is None or left > 0:
+        rollouts.prepare(plan_batch(run.depth, plan.step + 1, run.cfg, left))
 
 
 def all_ranks_episodes(trajectories: list[Trajectory], step: int, run_dir: Path) -> list[EpisodeSummary]:

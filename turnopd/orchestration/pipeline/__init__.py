@@ -21,13 +21,15 @@ probes at the full horizon, env.max_turns; the others at the depth cap), in ever
 generated with the newest weights: a probe request waits for the weights of its own step. A new
 cap applies to the plans made after the controller's update: in sync the next step's, in
 one_step_off the step after it (the next batch is planned and generated while this step trains),
-in pool the waves requested after it.
+in pool the waves requested after it. Under trainer.budget (env steps, tokens generated) a plan
+made ahead counts only on what the step training meanwhile cannot spend (plan.work_left), and a
+pool step takes only its plan's episodes (docs/recipes.md, Training budgets).
 """
 
 from turnopd.orchestration.pipeline import generator, in_process  # noqa: F401  (register the modes)
 from turnopd.orchestration.pipeline.base import PIPELINE_MODES, PipelineMode, PipelineStats, Rollouts
 from turnopd.orchestration.pipeline.generator import GeneratorError
-from turnopd.orchestration.pipeline.plan import BatchPlan, plan_batch, sample_tasks, scoring_topk
+from turnopd.orchestration.pipeline.plan import BatchPlan, plan_batch, sample_tasks, scoring_topk, work_left
 
 
 def open_rollouts(cfg, setup, **backends):
@@ -37,4 +39,4 @@ def open_rollouts(cfg, setup, **backends):
 
 
 __all__ = ["PIPELINE_MODES", "BatchPlan", "GeneratorError", "PipelineMode", "PipelineStats", "Rollouts",
-           "open_rollouts", "plan_batch", "sample_tasks", "scoring_topk"]
+           "open_rollouts", "plan_batch", "sample_tasks", "scoring_topk", "work_left"]

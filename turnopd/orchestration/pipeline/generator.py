@@ -267,8 +267,8 @@ class GeneratorRollouts:
                  start_step: int, train_steps: Sequence[int]):
         self.cfg, self.setup, self.weights, self.ledger = cfg, setup, weights, ledger
         self.mode, self.start_step, self.train_steps = cfg.pipeline.mode, start_step, list(train_steps)
-        rank, world = rank_and_world()
-        self.batch = len(range(rank, cfg.trainer.episodes_per_step, world))  # this rank's share of a step
+        self.rank, self.world = rank_and_world()
+        self.batch = len(range(self.rank, cfg.trainer.episodes_per_step, self.world))  # this rank's share of a step
         self.wave_cap = cfg.env.max_turns  # pool: the cap of the newest plan, for the waves requested next
         self.stop = SPAWN.Value("b", False, lock=False)
         self.pending: dict[int, GenerationRequest] = {}  # sent, not answered yet: sent again after a restart
@@ -306,10 +306,11 @@ class GeneratorRollouts:
             trajectories = self.answers.pop(request_id).trajectories
         else:
             trajectories = []
-            while len(trajectories) < self.batch:
+            share = len(range(self.rank, plan.episodes, self.world))  # fewer than a batch: trainer.budget's last step
+            while len(trajectories) < share:
                 self._top_up()
                 self._wait(lambda: bool(self.fifo))
-                taken, dropped_now = take_fresh(self.fifo, self.batch - len(trajectories), version,
+                taken, dropped_now = take_fresh(self.fifo, share - len(trajectories), version,
                                                 self.cfg.pipeline.max_staleness)
                 trajectories += taken
                 dropped += dropped_now

@@ -21,6 +21,7 @@ from turnopd.algorithm.world_model_corrections import (
 from turnopd.config import RunConfig
 from turnopd.core.distributed import rank_and_world
 from turnopd.core.ledger import Ledger
+from turnopd.core.metrics import WorkSpent
 from turnopd.core.progress import EpisodeProgress
 from turnopd.core.types import Trajectory
 from turnopd.orchestration.preflight import scoring_topk
@@ -87,13 +88,65 @@ class BatchPlan:
         return self.turn_limits[-1]
 
 
-def plan_batch(depth: DepthSchedule, step: int, cfg: RunConfig) -> BatchPlan:
+def plan_batch(depth: DepthSchedule, step: int, cfg: RunConfig, work_left: float | None = None) -> BatchPlan:
     """A step's batch is trainer.episodes_per_step episodes, its probes among them (depth.num_probes,
-    when set, makes a probe step that many instead), each with its turn limit."""
+    when set, makes a probe step that many instead), each with its turn limit; with `work_left`
+    (what trainer.budget leaves, see work_left) only the first episodes that can reach it
+    (within_budget)."""
     episodes = cfg.trainer.episodes_per_step
     probes = depth.probes_at(step, episodes)
     episodes = max(episodes, probes)
-    return BatchPlan(step, episode_turn_limits(episodes, probes, depth.cap_at(step), cfg.env.max_turns), probes)
+    limits = episode_turn_limits(episodes, probes, depth.cap_at(step), cfg.env.max_turns)
+    if work_left is not None:
+        limits = within_budget(limits, work_left, episode_work_bounds(cfg, limits, probes),
+                               at_least=rank_and_world()[1])
+    return BatchPlan(step, limits, min(probes, len(limits)))
+
+
+def turn_work(cfg: RunConfig) -> int | None:
+    """The most of trainer.budget's unit one turn spends: one env step (env_steps), policy.max_new_tokens
+    (tokens_generated). None without a budget or in a unit no plan bounds: the clock (train_time_s)
+    and tokens_trained (which counts prompts, and no setting limits those)."""
+    budget = cfg.trainer.budget
+    if budget is None:
+        return None
+    return {"env_steps": 1, "tokens_generated": cfg.policy.max_new_tokens}.get(budget.unit)
+
+
+def episode_work_bounds(cfg: RunConfig, limits: tuple[int, ...], probes: int) -> tuple[int, ...]:
+    """The most of trainer.budget's unit each episode of a batch spends: its turn limit x turn_work. In
+    pool mode a step's rollouts come from waves requested at earlier (larger) caps: env.max_turns."""
+    per_turn = turn_work(cfg) or 0
+    if cfg.pipeline.mode == "pool":
+        limits = limits[:probes] + (cfg.env.max_turns,) * (len(limits) - probes)
+    return tuple(limit * per_turn for limit in limits)
+
+
+def within_budget(limits: tuple[int, ...], work_left: float, bounds: tuple[int, ...],
+                  at_least: int = 1) -> tuple[int, ...]:
+    """The batch's first n turn limits, n the fewest whose work bounds add up to `work_left` (all when
+    they do not), at least `at_least` (one an episode per rank). The first n - 1 spend less than what is
+    left, so the step ends at most one episode's bound past the budget: the last step plays only what
+    is left."""
+    most = 0
+    for n, bound in enumerate(bounds, 1):
+        most += bound
+        if most >= work_left:
+            return limits[:max(n, at_least)]
+    return limits
+
+
+def work_left(cfg: RunConfig, spent: WorkSpent, ahead: BatchPlan | None = None) -> float | None:
+    """What trainer.budget leaves after `spent`, in a unit a plan bounds (turn_work; else None), less the
+    most that `ahead` can spend: a batch planned and generating that its step has not trained yet (the
+    next batch of one_step_off and pool is planned while this step trains, so it may only count on
+    what this step cannot spend)."""
+    if turn_work(cfg) is None:
+        return None
+    left = cfg.trainer.budget.amount - getattr(spent, cfg.trainer.budget.unit)
+    if ahead is not None:
+        left -= sum(episode_work_bounds(cfg, ahead.turn_limits, ahead.probes))
+    return left
 
 
 @dataclass(frozen=True)
