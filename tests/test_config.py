@@ -86,6 +86,13 @@ def test_defaults_compose_in_order_then_overrides(recipes):
     (["judge.memory=full"], "recipe key 'judge.memory': 'full' with judge.by=none"),
     (["familiarity.mode=gate"], "recipe key 'familiarity.threshold': familiarity.mode=gate needs a threshold"),
     (["student.lora.target_modules=[lm_head]"], "recipe key 'student.lora.target_modules': ['lm_head']"),
+    (["prompt.style=messages"], "recipe key 'prompt.style': 'messages' is not allowed; allowed: history_block, chat"),
+    (["prompt.tools=true"], "recipe key 'prompt.tools': True needs prompt.style=chat"),
+    (["prompt.system=hello"], "recipe key 'prompt.system': 'hello' needs prompt.style=chat"),
+    (["prompt.style=chat", "prompt.max_context=128"], "recipe key 'prompt.max_context': 128 leaves no room for a "
+                                                      "prompt beside policy.max_new_tokens=128"),
+    (["prompt.style=chat", "prompt.max_context=0"], "recipe key 'prompt.max_context': 0 is out of range"),
+    (["prompt.style=chat", "judge.by=teacher"], "recipe key 'prompt.style': chat with a world model or a judge"),
     (["trainer.steps"], "overrides must be key=value"),
     # a value, or a list, where a section is expected (and a mapping where a list is): the key is named
     (["student=Qwen/Qwen3-1.7B"], "recipe key 'student': 'Qwen/Qwen3-1.7B' is a value, and 'student' is a section "
@@ -146,3 +153,11 @@ def test_check_consistency_runs_every_sections_rules(recipes, monkeypatch):
     assert {"EnvConfig", "StudentConfig", "ObjectiveConfig", "LossConfig", "FamiliarityConfig", "DepthConfig",
             "TrainerConfig", "WorldModelRolloutConfig", "JudgeConfig"} <= sections
     assert isinstance(cfg, RunConfig)
+
+
+def test_tools_are_refused_for_a_student_whose_template_has_none(recipes, smollm2_tiny_model_dir):
+    """SmolLM2's ChatML template ignores tools=: refused at recipe check, by the key."""
+    chat = [f"student.path={smollm2_tiny_model_dir}", "prompt.style=chat"]
+    assert load_recipe(recipes / "base.yaml", chat).prompt.style == "chat"
+    with pytest.raises(RecipeError, match=r"recipe key 'prompt.tools': the chat template of .* ignores tools="):
+        load_recipe(recipes / "base.yaml", [*chat, "prompt.tools=true"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -24,6 +25,7 @@ from turnopd.core.registry import Registry
 from turnopd.models import MODEL_PREPARERS
 from turnopd.orchestration.pipeline import PIPELINE_MODES
 from turnopd.rollout import POLICY_BACKENDS
+from turnopd.rollout.chat import require_tools
 
 # The backend registries that recipe keys name, by kind (config's `registry` field metadata). The
 # `sft` model preparation is registered by turnopd.orchestration.sft, which the package imports first.
@@ -75,9 +77,20 @@ def check_screenshots(cfg: RunConfig) -> None:
                               f"{cfg.env.name!r}, which shows screenshots: {reason}")
 
 
+def check_prompt_tools(cfg: RunConfig) -> None:
+    """prompt.tools needs a chat template that shows tools: checked here when the student's tokenizer is
+    already on disk (else when its renderer is built, before the first episode)."""
+    folder = Path(cfg.student.path).expanduser()
+    if not (cfg.prompt.tools and (folder / "tokenizer_config.json").is_file()):
+        return
+    from transformers import AutoTokenizer
+
+    require_tools(AutoTokenizer.from_pretrained(folder))
+
+
 def validate_recipe(cfg: DictConfig, schema: type = RunConfig,
                     checks: Sequence[Callable[[Any], None]] = (check_consistency, check_pipeline, check_judge,
-                                                                check_screenshots)) -> Any:
+                                                                check_screenshots, check_prompt_tools)) -> Any:
     """turnopd.config.validate with every backend registry (for any schema: RunConfig, the SFT
     recipe, an env block)."""
     return validate(cfg, schema, checks, BACKEND_REGISTRIES)

@@ -19,6 +19,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from turnopd.config import RecipeError
+
 Message = Mapping[str, Any]
 
 PLAIN_USER: Message = {"role": "user", "content": "Hello."}
@@ -68,11 +70,13 @@ def appended_text(tokenizer: Any, system: Sequence[Message], tools: list[dict] |
     return full[len(closed):]
 
 
-def supports_tools(tokenizer: Any) -> bool:
-    """Whether the chat template shows the tools it is given (transformers passes `tools=` to every
-    template, and one without tool support silently ignores it)."""
+def require_tools(tokenizer: Any) -> None:
+    """prompt.tools needs a chat template that shows the tools it is given (transformers passes `tools=`
+    to every template, and one without tool support silently ignores it)."""
     plain = render_text(tokenizer, [PLAIN_USER], None, True)
-    return render_text(tokenizer, [PLAIN_USER], [ACT_TOOL], True) != plain
+    if render_text(tokenizer, [PLAIN_USER], [ACT_TOOL], True) == plain:
+        raise RecipeError(f"recipe key 'prompt.tools': the chat template of {getattr(tokenizer, 'name_or_path', '?')} "
+                          "ignores tools= (it has no tool calling); set prompt.tools=false")
 
 
 def tool_call_text(action: str) -> str:

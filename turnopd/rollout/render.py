@@ -38,7 +38,7 @@ from turnopd.rollout.chat import (
     answer_closing,
     appended_text,
     parse_tool_call,
-    supports_tools,
+    require_tools,
     tool_call_text,
 )
 
@@ -131,9 +131,8 @@ class ChatView(EnvAnswers):
         system = prompt.system if prompt.system is not None else getattr(spec, "system_prompt", "")
         self.system = [{"role": "system", "content": system}] if system else []
         self.tools = [ACT_TOOL] if prompt.tools else None
-        if self.tools and not supports_tools(tokenizer):
-            raise RecipeError(f"recipe key 'prompt.tools': the chat template of {getattr(tokenizer, 'name_or_path', '?')} "
-                              "ignores tools= (it has no tool calling); set prompt.tools=false")
+        if self.tools:
+            require_tools(tokenizer)
         self.closing = answer_closing(tokenizer, self.system, self.tools)
         self.observation_role = "tool" if self.tools else "user"
 
