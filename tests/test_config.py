@@ -1,5 +1,7 @@
 """Recipes: composition, overrides and the errors that name key, value and what is allowed."""
 
+from pathlib import Path
+
 import pytest
 
 from turnopd.cli import main
@@ -153,6 +155,20 @@ def test_check_consistency_runs_every_sections_rules(recipes, monkeypatch):
     assert {"EnvConfig", "StudentConfig", "ObjectiveConfig", "LossConfig", "FamiliarityConfig", "DepthConfig",
             "TrainerConfig", "WorldModelRolloutConfig", "JudgeConfig"} <= sections
     assert isinstance(cfg, RunConfig)
+
+
+def test_the_smollm2_chat_recipe_shows_and_refuses_by_key(capsys, smollm2_tokenizer_dir):
+    """`turnopd show` on the SmolLM2 chat recipe: it validates; a bad style is refused by its key, and
+    so are tools, found before any model is built: the student's SFT recipe fine-tunes SmolLM2, whose
+    ChatML template has no tool calling."""
+    recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "alfworld" / "smollm2_chat.yaml")
+    assert main(["show", recipe, "prompt.style=chat"]) == 0
+    assert "style: chat" in capsys.readouterr().out
+    assert main(["show", recipe, "prompt.style=conversation"]) == 2
+    assert "recipe key 'prompt.style': 'conversation' is not allowed; allowed: history_block, chat" in \
+        capsys.readouterr().err
+    assert main(["show", recipe, "prompt.tools=true"]) == 2
+    assert "recipe key 'prompt.tools': the chat template of" in capsys.readouterr().err
 
 
 def test_tools_are_refused_for_a_student_whose_template_has_none(recipes, smollm2_tiny_model_dir):

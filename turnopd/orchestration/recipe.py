@@ -21,8 +21,10 @@ from envs import ENVS
 from envs.base import shows_screenshots
 from turnopd.algorithm.objective import ESTIMATORS
 from turnopd.config import EnvConfig, RecipeError, RunConfig, check_consistency, compose, validate
+from turnopd.core.data import REPO_ROOT
 from turnopd.core.registry import Registry
 from turnopd.models import MODEL_PREPARERS
+from turnopd.models.smollm2 import smollm2_tokenizer
 from turnopd.orchestration.pipeline import PIPELINE_MODES
 from turnopd.rollout import POLICY_BACKENDS
 from turnopd.rollout.chat import require_tools
@@ -78,14 +80,26 @@ def check_screenshots(cfg: RunConfig) -> None:
 
 
 def check_prompt_tools(cfg: RunConfig) -> None:
-    """prompt.tools needs a chat template that shows tools: checked here when the student's tokenizer is
-    already on disk (else when its renderer is built, before the first episode)."""
-    folder = Path(cfg.student.path).expanduser()
-    if not (cfg.prompt.tools and (folder / "tokenizer_config.json").is_file()):
-        return
+    """prompt.tools needs a chat template that shows tools: checked here when the student's tokenizer can
+    be found before it is built (else when its renderer is built, before the first episode)."""
+    tokenizer = cfg.prompt.tools and model_tokenizer(cfg.student)
+    if tokenizer:
+        require_tools(tokenizer)
+
+
+def model_tokenizer(model: Any) -> Any:
+    """The tokenizer of a recipe's model block (path, prepare, prepare_options), found without building
+    it: its folder's; SmolLM2's for the smollm2-135m preparation; for an `sft` preparation, that of
+    the model its SFT recipe fine-tunes. None: not known before the build."""
     from transformers import AutoTokenizer
 
-    require_tools(AutoTokenizer.from_pretrained(folder))
+    folder = Path(model.path).expanduser()
+    if (folder / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(folder)
+    if model.prepare == "smollm2-135m":
+        return smollm2_tokenizer()
+    recipe = REPO_ROOT / str(model.prepare_options.get("recipe", "")) if model.prepare == "sft" else None
+    return model_tokenizer(compose(recipe).model) if recipe is not None and recipe.is_file() else None
 
 
 def validate_recipe(cfg: DictConfig, schema: type = RunConfig,
