@@ -49,6 +49,14 @@ TOOL_TEMPLATE = (
     "{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# ChatML that drops the reasoning of earlier answers (as Qwen3's template does)
+THINK_DROPPING_TEMPLATE = (
+    "{%- for message in messages %}{%- set content = message['content'] %}"
+    "{%- if message['role'] == 'assistant' and not loop.last %}{%- set content = content.split('</think>')[-1] %}"
+    "{%- endif %}<|im_start|>{{ message['role'] }}\n{{ content }}<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
 
 @pytest.fixture(scope="module")
 def tokenizer(smollm2_tokenizer_dir):
@@ -190,3 +198,19 @@ def test_a_malformed_tool_call_is_an_invalid_action(tool_tokenizer, spec):
     assert (parsed.action, parsed.valid) == ("go to desk 1", True)  # ALFWorld's own parser folds the case
     parsed = view.parse_action('<tool_call>{"name": "act"')
     assert (parsed.action, parsed.valid) == ('<tool_call>{"name": "act"', False)
+
+
+def test_a_template_that_drops_earlier_reasoning_is_not_followed(tokenizer, spec):
+    """The engine never re-renders: the policy keeps reading its earlier answers as it sampled them,
+    reasoning included, where the template would drop it."""
+    dropping = copy.deepcopy(tokenizer)
+    dropping.chat_template = THINK_DROPPING_TEMPLATE
+    view = ChatView(spec, dropping, PromptConfig(style="chat"), max_prompt=10_000)
+    answer = "<think>The lamp is on desk 1.</think><action>go to desk 1</action>"
+    turns = play(view, dropping, encoded(dropping, [answer, ACTIONS[1]]))
+    engine = dropping.decode(turns[1].prompt_ids)
+    assert f"<|im_start|>assistant\n{answer}<|im_end|>\n<|im_start|>user\n{OBSERVATION_MESSAGES[0]}" in engine
+    rendered = dropping.apply_chat_template([
+        {"role": "user", "content": spec.render_prompt(context(0))}, {"role": "assistant", "content": answer},
+        {"role": "user", "content": OBSERVATION_MESSAGES[0]}], add_generation_prompt=True, tokenize=False)
+    assert "The lamp is on desk 1." not in rendered and engine != rendered

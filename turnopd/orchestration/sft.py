@@ -332,8 +332,10 @@ def training_examples(cfg: SFTConfig, spec: EnvSpec, demos: list[Demonstration],
         examples += relabel.pop("examples")
     longest = max(len(ex.prompt_ids) + len(ex.answer_ids) for ex in examples)
     if longest > max_positions:
+        fix = (f"a chat holds its episode so far: lower env.max_turns (now {cfg.env.max_turns})"
+               if cfg.prompt.style == "chat" else f"lower env.history_length (now {cfg.env.history_length})")
         raise RecipeError(f"a demonstration turn has {longest} tokens, more than the model's {max_positions} "
-                          f"positions; lower env.history_length (now {cfg.env.history_length})")
+                          f"positions; {fix}")
     relabelled = f" and {len(examples) - expert_turns} relabelled student turns" if relabel is not None else ""
     print(f"{sum(d.won for d in demos)}/{len(demos)} expert episodes won -> {expert_turns} turns{relabelled}, "
           f"{sum(len(ex.answer_ids) for ex in examples)} answer tokens; longest turn {longest} tokens", flush=True)
