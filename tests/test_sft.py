@@ -266,6 +266,23 @@ def test_chat_demonstrations_are_one_conversation_of_the_played_actions(smollm2_
                                                              return_dict=False)
 
 
+def test_chat_demonstrations_with_tools_answer_with_tool_calls(smollm2_tokenizer_dir: Path) -> None:
+    """prompt.tools: the expert's answers are calls of the tool `act`, and the env's answers tool messages."""
+    from tests.rollout.test_chat import TOOL_TEMPLATE
+
+    spec = WalkSpec()
+    (demo,) = play_experts(spec, InProcessPool(spec), ["near-2"], max_turns=10)
+    tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
+    tok.chat_template = TOOL_TEMPLATE
+    examples = demo_examples([demo], spec, EnvConfig(name="alfworld", answer_format="action"), tok,
+                             prompt=PromptConfig(style="chat", tools=True))
+    calls = [f'<tool_call>\n{{"name": "act", "arguments": {{"action": "go to desk {n}"}}}}\n</tool_call>' for n in (1, 2)]
+    assert [tok.decode(ex.answer_ids) for ex in examples] == calls
+    assert tok.decode(examples[1].prompt_ids).endswith(
+        f"<|im_start|>assistant\n{calls[0]}<|im_end|>\n<|im_start|>tool\nYou are at desk 1.\nAdmissible actions: "
+        "'go to desk 1', 'go to desk 2', 'look'<|im_end|>\n<|im_start|>assistant\n")
+
+
 def test_play_experts_follows_each_players_commands_up_to_max_turns() -> None:
     spec = WalkSpec()
     spec.expert = lambda task_id: WalkRelabeller()
