@@ -9,7 +9,7 @@ list of tasks, each in its own slot, all at the same time (the pool pipeline als
 number of slots busy with `play_episode`, turnopd.orchestration.pipeline.generator).
 
 The loop knows turns, and three hooks decide the rest:
-- what the policy is shown: a Renderer (turnopd.rollout.render: the env's text, or screenshots);
+- what the policy is shown: a Renderer (turnopd.rollout.render: the env's text, screenshots, or a chat);
 - where an action comes from: an ActionSource (the policy's sample by default; a judge choosing among
   k candidates, turnopd.rollout.judge);
 - where the next observation comes from: the env pool's interface (`reset_slot`, `step_slot`, `end`),
@@ -120,15 +120,15 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
             ctx = PromptContext(task=goal, step=turn_index, observation=outcome.observation,
                                 history=recent_pairs(history, env_config.history_length),
                                 admissible=outcome.admissible, answer_format=env_config.answer_format)
-            prompt = renderer.render(ctx, [*recent_pairs(infos, env_config.history_length), outcome.info],
+            shown = renderer.render(ctx, [*recent_pairs(infos, env_config.history_length), outcome.info],
                                      trajectory.turns)
-            if prompt is None:  # the conversation would overflow the renderer's context
+            if shown is None:  # the conversation would overflow the renderer's context
                 context_full = True
                 break
-            check_prompt_lengths([prompt.ids], sampling.max_new_tokens, policy.max_model_len,
+            check_prompt_lengths([shown.ids], sampling.max_new_tokens, policy.max_model_len,
                                  hint=f"Lower env.history_length (now {env_config.history_length}) or "
                                       f"policy.max_new_tokens (now {sampling.max_new_tokens}).")
-            generation = await actions.act(policy, prompt, sampling, TurnState(
+            generation = await actions.act(policy, shown, sampling, TurnState(
                 task_id, episode, turn_index, goal, first_observation, list(history), outcome.observation, reset_info),
                 busy)
             action = renderer.parse_action(generation.text)
@@ -136,10 +136,10 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
                 next_outcome = await pool.step_slot(slot, action.action)
             invalid = not action.valid or bool(next_outcome.info.get("invalid"))
             trajectory.turns.append(Turn(
-                index=turn_index, observation=outcome.observation, prompt_ids=prompt.ids,
+                index=turn_index, observation=outcome.observation, prompt_ids=shown.ids,
                 action_ids=generation.token_ids, student_logprobs=generation.logprobs, action_text=generation.text,
                 reward=next_outcome.reward - (env_config.invalid_action_penalty if invalid else 0.0), invalid=invalid,
-                image_keys=prompt.image_keys, teacher_prompt_ids=prompt.teacher_ids,
+                image_keys=shown.image_keys, teacher_prompt_ids=shown.teacher_ids,
             ))
             history.append((outcome.observation, action.action))
             infos.append(outcome.info)

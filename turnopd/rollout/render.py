@@ -15,6 +15,7 @@ the ids the policy sampled stay in every later prompt), turnopd.rollout.chat and
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -128,7 +129,7 @@ class ChatView(EnvAnswers):
             raise ValueError(f"prompt.style=chat: the policy tokenizer ({getattr(tokenizer, 'name_or_path', '?')}) "
                              "has no chat template")
         self.spec, self.tokenizer, self.max_prompt = spec, tokenizer, max_prompt
-        system = prompt.system if prompt.system is not None else getattr(spec, "system_prompt", "")
+        system = prompt.system if prompt.system is not None else getattr(spec, "system_prompt", EnvSpec.system_prompt)
         self.system = [{"role": "system", "content": system}] if system else []
         self.tools = [ACT_TOOL] if prompt.tools else None
         if self.tools:
@@ -167,7 +168,7 @@ class ChatView(EnvAnswers):
 
     def parse_action(self, text: str) -> ParsedAction:
         if not self.tools:
-            return self.spec.parse_action(text)
+            return super().parse_action(text)
         action = parse_tool_call(text)
         if action is None:  # an invalid action: the env receives the raw text, as with a bad <action>
             return ParsedAction(action=" ".join(text.split())[:500], valid=False)
@@ -196,7 +197,7 @@ def renderer_for(spec: EnvSpec, tokenizer: Any, *, image_tokens: int = 0, prompt
         if shows_screenshots(spec):
             raise RecipeError(f"recipe key 'prompt.style': chat with env {spec.name}, which shows screenshots, is "
                               "not built; use prompt.style=history_block")
-        return ChatView(spec, tokenizer, prompt, max_prompt if max_prompt is not None else 2**62)
+        return ChatView(spec, tokenizer, prompt, max_prompt if max_prompt is not None else sys.maxsize)
     if shows_screenshots(spec) and image_tokens:
         return ScreenshotView(spec, tokenizer, image_tokens)
     return TextView(spec, tokenizer)
