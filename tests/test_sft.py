@@ -24,7 +24,7 @@ from envs.demonstrations import (
     require_relabelling_expert,
 )
 from tests.doubles import InProcessPool
-from turnopd.config import EnvConfig, RecipeError, TrainerConfig, compose
+from turnopd.config import EnvConfig, PromptConfig, RecipeError, TrainerConfig, compose
 from turnopd.orchestration.sft import (
     SFTConfig,
     batches,
@@ -239,6 +239,48 @@ def test_relabelled_states_are_the_players_with_the_experts_answers(tiny_model_d
         format_answer(a, "think_action") for a in ("go to desk 1", "go to desk 2", "go to desk 3")]
     # the history shows what the player did at turn 2, not the expert's label
     assert "History: [Nothing happens. -> go to desk 2]" in tok.decode(examples[2].prompt_ids)
+
+
+def test_chat_demonstrations_are_one_conversation_of_the_played_actions(smollm2_tokenizer_dir: Path) -> None:
+    """prompt.style=chat: a demonstration's turns are one growing conversation (SmolLM2's template)
+    whose assistant messages are what was played, while each trained answer is the expert's label."""
+    spec = WalkSpec()
+    spec.expert = lambda task_id: WalkRelabeller()
+    played = ["go to desk 1", "go to desk 3", "go to desk 2", "look"]
+    (demo,) = play_experts(spec, InProcessPool(spec), ["far-3"], max_turns=10, followed=[played])
+    tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
+    env = EnvConfig(name="alfworld", answer_format="action")
+    examples = demo_examples([demo], spec, env, tok, prompt=PromptConfig(style="chat"))
+    assert [ex.turn for ex in examples] == [0, 1, 3]
+    assert [tok.decode(ex.answer_ids) for ex in examples] == [
+        f"<action>{a}</action>" for a in ("go to desk 1", "go to desk 2", "go to desk 3")]
+    actions = "Actions: go to desk 1, go to desk 2, go to desk 3, look"
+    messages = [{"role": "user", "content": f"Task: reach desk 3. Step 0. History: []. Now: You are in the middle "
+                                            f"of a room. {actions}. (action)"}]
+    for action, observation in zip(played[:3], ["You are at desk 1.", "Nothing happens.", "You are at desk 2."],
+                                   strict=True):
+        messages += [{"role": "assistant", "content": f"<action>{action}</action>"},
+                     {"role": "user", "content": f"{observation}\nAdmissible actions: " + ", ".join(
+                         f"'{a}'" for a in actions.removeprefix("Actions: ").split(", "))}]
+    assert examples[2].prompt_ids == tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                             return_dict=False)
+
+
+def test_chat_demonstrations_with_tools_answer_with_tool_calls(smollm2_tokenizer_dir: Path) -> None:
+    """prompt.tools: the expert's answers are calls of the tool `act`, and the env's answers tool messages."""
+    from tests.rollout.test_chat import TOOL_TEMPLATE
+
+    spec = WalkSpec()
+    (demo,) = play_experts(spec, InProcessPool(spec), ["near-2"], max_turns=10)
+    tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
+    tok.chat_template = TOOL_TEMPLATE
+    examples = demo_examples([demo], spec, EnvConfig(name="alfworld", answer_format="action"), tok,
+                             prompt=PromptConfig(style="chat", tools=True))
+    calls = [f'<tool_call>\n{{"name": "act", "arguments": {{"action": "go to desk {n}"}}}}\n</tool_call>' for n in (1, 2)]
+    assert [tok.decode(ex.answer_ids) for ex in examples] == calls
+    assert tok.decode(examples[1].prompt_ids).endswith(
+        f"<|im_start|>assistant\n{calls[0]}<|im_end|>\n<|im_start|>tool\nYou are at desk 1.\nAdmissible actions: "
+        "'go to desk 1', 'go to desk 2', 'look'<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_play_experts_follows_each_players_commands_up_to_max_turns() -> None:

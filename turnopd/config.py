@@ -169,6 +169,43 @@ class PolicyConfig:
 
 
 @dataclass
+class PromptConfig(Section):
+    """What the policy is shown each turn (turnopd.rollout.render, docs/chat.md). `history_block`: each
+    turn one fresh user message, the env's template with its history window written in it (the paper's
+    setting); `chat`: the episode is one conversation (a system prompt, the task, then each action as
+    an assistant message and each observation as a user or tool message) that only grows, so the
+    whole trajectory is one sequence for the student and the teacher."""
+
+    style: str = field(default="history_block", metadata=_choices("history_block", "chat"))
+    system: str | None = None  # chat: the system prompt (None: the env's, if it has one)
+    # chat: the env's actions offered as a tool through the chat template's `tools=`, the answers parsed
+    # as tool calls and the env's answers sent as tool messages
+    tools: bool = False
+    # chat: the most tokens a conversation may hold (prompt + the answer); an observation that would
+    # overflow it ends the episode as truncated (None: the policy's context, policy max_model_len)
+    max_context: int | None = field(default=None, metadata=_range(1))
+
+    def check(self, run: RunConfig) -> None:
+        self.check_keys(run.policy.max_new_tokens)
+        if self.style == "chat" and (run.world_model.path or run.judge.by != "none"):
+            raise RecipeError("recipe key 'prompt.style': chat with a world model or a judge is not built: their "
+                              "prompts re-render the env's template each turn; use prompt.style=history_block")
+
+    def check_keys(self, max_new_tokens: int) -> None:
+        """The section's own rules (an SFT recipe has these alone)."""
+        if self.style != "chat":
+            for key, value in (("system", self.system), ("tools", self.tools), ("max_context", self.max_context)):
+                if value:
+                    raise RecipeError(f"recipe key 'prompt.{key}': {value!r} needs prompt.style=chat (the "
+                                      "history_block style renders each turn afresh, with no system, tools or "
+                                      "conversation to bound)")
+            return
+        if self.max_context is not None and self.max_context <= max_new_tokens:
+            raise RecipeError(f"recipe key 'prompt.max_context': {self.max_context} leaves no room for a prompt "
+                              f"beside policy.max_new_tokens={max_new_tokens}")
+
+
+@dataclass
 class ObjectiveConfig(Section):
     estimator: str = field(default="k1", metadata=_registered("estimator"))
     kind: str = "reverse"  # reverse | forward | jsd, as the estimator allows (checked by check_consistency)
@@ -500,6 +537,7 @@ class RunConfig(Section):
     # teacher spec per env name (path to a teachers/<task>/teacher.yaml, relative to the repo)
     teachers: dict[str, str] = field(default_factory=dict)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     familiarity: FamiliarityConfig = field(default_factory=FamiliarityConfig)
@@ -534,7 +572,7 @@ class RunConfig(Section):
 
 # The sections check_consistency asks, in this order: the first rule a recipe breaks is the one named
 # (the order the rules had in one function, section by section).
-CHECKED_SECTIONS = ("depth", "trainer", "env", "world_model", "judge", "objective", "loss", "familiarity", "student")
+CHECKED_SECTIONS = ("depth", "trainer", "env", "prompt", "world_model", "judge", "objective", "loss", "familiarity", "student")
 
 
 def _load_yaml_with_defaults(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:

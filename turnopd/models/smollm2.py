@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import time
 from pathlib import Path
+from typing import Any
 
 from turnopd.models.base import MODEL_PREPARERS, building
 
@@ -30,15 +31,23 @@ def smollm2_gguf() -> Path:
     return Path(dist.locate_file(ggufs[0])).resolve()
 
 
+def smollm2_tokenizer() -> Any:
+    """SmolLM2-135M-Instruct's tokenizer and chat template, read from the GGUF (~10 s)."""
+    from transformers import AutoTokenizer
+
+    gguf = smollm2_gguf()
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
 @MODEL_PREPARERS.register("smollm2-135m")
 def prepare_smollm2(out_dir: Path) -> Path:
     """Dequantize SmolLM2-135M-Instruct from its GGUF and save it in Hugging Face format to out_dir."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     gguf = smollm2_gguf()
     print(f"loading {gguf.name} from {gguf.parent} (dequantizing, ~20 s) ...", flush=True)
     start = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = smollm2_tokenizer()
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The dequantized model still carries the GGUF quantizer, whose config is not serializable.
     model.hf_quantizer.remove_quantization_config(model)

@@ -12,7 +12,7 @@ from typing import Any
 
 from envs.pool import EnvPool
 from teachers import TeacherSpec
-from turnopd.config import RunConfig
+from turnopd.config import PromptConfig, RunConfig
 from turnopd.core.distributed import gather_objects, rank_and_world
 from turnopd.core.progress import EpisodeProgress
 from turnopd.core.types import EpisodeSummary, env_errors
@@ -35,7 +35,7 @@ def run_eval(cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Policy, step: 
     with EpisodeProgress(label, len(shard) * k, enabled=rank == 0) as progress:
         local = evaluate(setup.spec, pool, policy, shard, split=setup.eval_split, env_config=cfg.env,
                          policy_config=cfg.policy, k=k, temperature=cfg.eval.temperature, seed=cfg.seed + step,
-                         on_episode=progress.episode_done).trajectories if shard else []
+                         on_episode=progress.episode_done, prompt=cfg.prompt).trajectories if shard else []
     episodes = [e for part in gather_objects([EpisodeSummary.of(t) for t in local]) for e in part]
     overall, per_type, per_task = avg_at_k(episodes, k)
     return EvalResult(setup.eval_split, k, overall, per_type, len(setup.eval_tasks),
@@ -85,9 +85,11 @@ def evaluate_teacher(cfg: RunConfig, setup: Setup, spec: TeacherSpec, pool: EnvP
         return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(folder).glob("*.safetensors"))
 
     adapter = [spec.adapter, weights(spec.adapter)] if spec.adapter else []
+    # the prompt section enters the key only when set, so that the caches of history_block runs stay valid
+    prompt = [dataclasses.asdict(cfg.prompt)] if cfg.prompt != PromptConfig() else []
     env = {k: v for k, v in dataclasses.asdict(cfg.env).items() if k not in ("pool", "ray")}  # not where it runs
     key = json.dumps([spec.model, weights(spec.model), setup.eval_tasks, env,
-                      dataclasses.asdict(cfg.policy), cfg.eval.k, cfg.eval.temperature, cfg.seed, *adapter],
+                      dataclasses.asdict(cfg.policy), cfg.eval.k, cfg.eval.temperature, cfg.seed, *adapter, *prompt],
                      sort_keys=True)
     cache = EVAL_CACHE / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
     if cache.is_file():
@@ -98,7 +100,7 @@ def evaluate_teacher(cfg: RunConfig, setup: Setup, spec: TeacherSpec, pool: EnvP
                              enabled=rank_and_world()[0] == 0) as progress:
             result = evaluate(setup.spec, pool, policy, setup.eval_tasks, split=setup.eval_split, env_config=cfg.env,
                               policy_config=cfg.policy, k=cfg.eval.k, temperature=cfg.eval.temperature,
-                              seed=cfg.seed, on_episode=progress.episode_done)
+                              seed=cfg.seed, on_episode=progress.episode_done, prompt=cfg.prompt)
     finally:
         policy.close()
     if not result.env_failures:  # a score the env cut short is not the teacher's: measure it again next run

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -20,11 +21,13 @@ from envs import ENVS, make_env_spec
 from envs.base import EnvSettingError, shows_screenshots
 from turnopd.algorithm.objective import ESTIMATORS
 from turnopd.config import EnvConfig, RecipeError, RunConfig, check_consistency, compose, validate
-from turnopd.core.data import DataNotFoundError
+from turnopd.core.data import REPO_ROOT, DataNotFoundError
 from turnopd.core.registry import Registry
 from turnopd.models import MODEL_PREPARERS
+from turnopd.models.smollm2 import smollm2_tokenizer
 from turnopd.orchestration.pipeline import PIPELINE_MODES
 from turnopd.rollout import POLICY_BACKENDS
+from turnopd.rollout.chat import require_tools
 
 # The backend registries that recipe keys name, by kind (config's `registry` field metadata). The
 # `sft` model preparation is registered by turnopd.orchestration.sft, which the package imports first.
@@ -89,9 +92,32 @@ def check_screenshots(cfg: RunConfig) -> None:
                               f"{cfg.env.name!r}, which shows screenshots: {reason}")
 
 
+def check_prompt_tools(cfg: RunConfig) -> None:
+    """prompt.tools needs a chat template that shows tools: checked here when the student's tokenizer can
+    be found before it is built (else when its renderer is built, before the first episode)."""
+    tokenizer = cfg.prompt.tools and model_tokenizer(cfg.student)
+    if tokenizer:
+        require_tools(tokenizer)
+
+
+def model_tokenizer(model: Any) -> Any:
+    """The tokenizer of a recipe's model block (path, prepare, prepare_options), found without building
+    it: its folder's; SmolLM2's for the smollm2-135m preparation; for an `sft` preparation, that of
+    the model its SFT recipe fine-tunes. None: not known before the build."""
+    from transformers import AutoTokenizer
+
+    folder = Path(model.path).expanduser()
+    if (folder / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(folder)
+    if model.prepare == "smollm2-135m":
+        return smollm2_tokenizer()
+    recipe = REPO_ROOT / str(model.prepare_options.get("recipe", "")) if model.prepare == "sft" else None
+    return model_tokenizer(compose(recipe).model) if recipe is not None and recipe.is_file() else None
+
+
 def validate_recipe(cfg: DictConfig, schema: type = RunConfig,
                     checks: Sequence[Callable[[Any], None]] = (check_consistency, check_env, check_pipeline,
-                                                                check_judge, check_screenshots)) -> Any:
+                                                                check_judge, check_screenshots, check_prompt_tools)) -> Any:
     """turnopd.config.validate with every backend registry (for any schema: RunConfig, the SFT
     recipe, an env block)."""
     return validate(cfg, schema, checks, BACKEND_REGISTRIES)

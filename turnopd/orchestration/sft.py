@@ -37,7 +37,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from envs import make_env_spec
-from envs.base import EnvSpec, format_answer, recent_pairs, shows_screenshots, split_tasks
+from envs.base import EnvSpec, recent_pairs, shows_screenshots, split_tasks
 from envs.demonstrations import (
     Demonstration,
     collect_demonstrations,
@@ -54,6 +54,7 @@ from turnopd.config import (
     ModelConfig,
     ObjectiveConfig,
     PolicyConfig,
+    PromptConfig,
     RecipeError,
     TrainerConfig,
     compose,
@@ -75,7 +76,7 @@ from turnopd.orchestration.recipe import check_env, validate_recipe
 from turnopd.rollout import SamplingParams, make_policy
 from turnopd.rollout.agent_loop import rollout
 from turnopd.rollout.eval import EvalResult, evaluate
-from turnopd.rollout.render import student_prompt
+from turnopd.rollout.render import renderer_for
 
 RELABEL_SALT = 5_555  # the relabelled student's task draw, apart from the demonstrations'
 
@@ -124,12 +125,14 @@ class SFTConfig:
     train_top_layers: int | None = field(default=None, metadata={"range": (1, None)})  # None: every parameter
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(steps=300, lr=1e-3))
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    prompt: PromptConfig = field(default_factory=PromptConfig)  # how a turn is shown, as in distillation
     eval: SFTEvalConfig = field(default_factory=SFTEvalConfig)
     output_dir: str = "runs/teachers/${env.name}"  # the teacher checkpoint (HF format)
     teacher_spec: str | None = "teachers/${env.name}/teacher.yaml"  # None: write no spec
 
 
 def _check_sft(cfg: SFTConfig) -> None:
+    cfg.prompt.check_keys(cfg.policy.max_new_tokens)
     if cfg.eval.max_tasks is not None and cfg.eval.max_tasks < 1:
         raise RecipeError(f"recipe key 'eval.max_tasks': {cfg.eval.max_tasks}; need >= 1 or null (all tasks)")
 
@@ -155,27 +158,35 @@ class SFTExample:
 
 
 def demo_examples(demos: list[Demonstration], spec: EnvSpec, env_config: EnvConfig, tokenizer: Any,
-                  image_tokens: int = 0) -> list[SFTExample]:
+                  image_tokens: int = 0, prompt: PromptConfig | None = None) -> list[SFTExample]:
     """Every imitated turn of the won demonstrations (not an exploring expert's mistakes) and of the
-    relabelled episodes (won or not: the expert's label is the answer), rendered as the rollout
-    engine renders a turn (in an env that shows screenshots, its pages drawn again into the pixel
-    store and shown to a student of `image_tokens` positions an image)."""
+    relabelled episodes (won or not: the expert's label is the answer), rendered by the rollout
+    engine's renderer (turnopd.rollout.render.renderer_for, under the recipe's `prompt` section: in a
+    chat, turn t's prompt holds the episode's earlier turns as played; in an env that shows
+    screenshots, its pages drawn again into the pixel store and shown to a student of `image_tokens`
+    positions an image)."""
+    renderer = renderer_for(spec, tokenizer, image_tokens=image_tokens, prompt=prompt)
     examples = []
     for demo in (d for d in demos if d.won or d.relabelled):
         page_keys = [spec.put_screenshot(step.observation, step.admissible) for step in demo.steps] \
             if shows_screenshots(spec) else [""] * len(demo.steps)
+        turns: list[Turn] = []  # the episode as played (exploring mistakes and the student's actions included)
         for ctx, step in demo_contexts(demo, env_config):
-            if not step.imitate:
-                continue
-            answer = format_answer(step.target, env_config.answer_format)
-            parsed = spec.parse_action(answer)
-            if not parsed.valid or parsed.action != step.target:  # the engine's history holds parsed actions
-                raise ValueError(f"{spec.name}: the expert's action {step.target!r} does not survive its own "
-                                 f"answer format ({answer!r} parses to {parsed.action!r})")
             keys = [*recent_pairs(page_keys[: ctx.step], env_config.history_length), page_keys[ctx.step]]
-            prompt, image_keys, _ = student_prompt(spec, tokenizer, image_tokens, ctx, keys)
-            examples.append(SFTExample(demo.task_id, ctx.step, prompt, tokenizer.encode(answer, add_special_tokens=False),
-                                       image_keys))
+            shown = renderer.render(ctx, [{"screenshot": key} for key in keys], turns)
+            assert shown is not None  # a renderer without a context bound shows every turn
+            if step.imitate:
+                answer = renderer.format_answer(step.target, env_config.answer_format)
+                parsed = renderer.parse_action(answer)
+                if not parsed.valid or parsed.action != step.target:  # the engine's history holds parsed actions
+                    raise ValueError(f"{spec.name}: the expert's action {step.target!r} does not survive its own "
+                                     f"answer format ({answer!r} parses to {parsed.action!r})")
+                examples.append(SFTExample(demo.task_id, ctx.step, shown.ids,
+                                           tokenizer.encode(answer, add_special_tokens=False), shown.image_keys))
+            played = tokenizer.encode(renderer.format_answer(step.action, env_config.answer_format),
+                                      add_special_tokens=False)
+            turns.append(Turn(index=ctx.step, observation=ctx.observation, prompt_ids=shown.ids, action_ids=played,
+                              student_logprobs=[0.0] * len(played)))
     return examples
 
 
@@ -311,7 +322,7 @@ def training_examples(cfg: SFTConfig, spec: EnvSpec, demos: list[Demonstration],
     """The expert's turns (shown as the model reads them: screenshots for a vision-language model in an
     env that shows them), and the relabelled student states when the recipe asks for them (with
     their figures); every turn must fit the model's positions."""
-    examples = demo_examples(demos, spec, cfg.env, tokenizer, image_tokens_of(model_config))
+    examples = demo_examples(demos, spec, cfg.env, tokenizer, image_tokens_of(model_config), cfg.prompt)
     max_positions = model_positions(model_config)
     if not examples:
         raise RuntimeError(f"the expert won none of its {len(demos)} episodes: nothing to train on")
@@ -321,8 +332,10 @@ def training_examples(cfg: SFTConfig, spec: EnvSpec, demos: list[Demonstration],
         examples += relabel.pop("examples")
     longest = max(len(ex.prompt_ids) + len(ex.answer_ids) for ex in examples)
     if longest > max_positions:
+        fix = (f"a chat holds its episode so far: lower env.max_turns (now {cfg.env.max_turns})"
+               if cfg.prompt.style == "chat" else f"lower env.history_length (now {cfg.env.history_length})")
         raise RecipeError(f"a demonstration turn has {longest} tokens, more than the model's {max_positions} "
-                          f"positions; lower env.history_length (now {cfg.env.history_length})")
+                          f"positions; {fix}")
     relabelled = f" and {len(examples) - expert_turns} relabelled student turns" if relabel is not None else ""
     print(f"{sum(d.won for d in demos)}/{len(demos)} expert episodes won -> {expert_turns} turns{relabelled}, "
           f"{sum(len(ex.answer_ids) for ex in examples)} answer tokens; longest turn {longest} tokens", flush=True)
@@ -337,7 +350,7 @@ def evaluate_sft_model(cfg: SFTConfig, spec: EnvSpec, output: Path, dtype: str, 
     try:
         with EnvPool.for_config(spec, cfg.env) as pool:
             result = evaluate(spec, pool, policy, eval_tasks, split=eval_split, env_config=cfg.env,
-                              policy_config=cfg.policy, k=1, seed=cfg.seed)
+                              policy_config=cfg.policy, k=1, seed=cfg.seed, prompt=cfg.prompt)
     finally:
         policy.close()
     if result.env_failures:
@@ -390,7 +403,7 @@ def relabel_student_states(cfg: SFTConfig, spec: EnvSpec, tasks: list[str], toke
                               max_new_tokens=cfg.policy.max_new_tokens, stop=tuple(cfg.policy.stop), seed=cfg.seed)
     try:
         with EnvPool.for_config(spec, cfg.env) as pool:
-            trajectories = rollout(spec, pool, policy, tasks, env_config=cfg.env, sampling=sampling)
+            trajectories = rollout(spec, pool, policy, tasks, env_config=cfg.env, sampling=sampling, prompt=cfg.prompt)
     finally:
         policy.close()
     played = [t for t in trajectories if not t.env_error]
@@ -405,7 +418,7 @@ def relabel_student_states(cfg: SFTConfig, spec: EnvSpec, tasks: list[str], toke
     print(f"relabel: {summary['states']} student states ({100 * summary['student_success']:.0f}% of the episodes won); "
           f"the expert acts from {summary['imitated']}, where the student agreed with it "
           f"{100 * summary['agreement']:.0f}% of the time ({summary['seconds']:.0f} s)", flush=True)
-    return {**summary, "examples": demo_examples(relabelled, spec, cfg.env, tokenizer)}
+    return {**summary, "examples": demo_examples(relabelled, spec, cfg.env, tokenizer, prompt=cfg.prompt)}
 
 
 def freeze_below_top_layers(model: Any, top_layers: int) -> int:

@@ -9,7 +9,7 @@ list of tasks, each in its own slot, all at the same time (the pool pipeline als
 number of slots busy with `play_episode`, turnopd.orchestration.pipeline.generator).
 
 The loop knows turns, and three hooks decide the rest:
-- what the policy is shown: a Renderer (turnopd.rollout.render: the env's text, or screenshots);
+- what the policy is shown: a Renderer (turnopd.rollout.render: the env's text, screenshots, or a chat);
 - where an action comes from: an ActionSource (the policy's sample by default; a judge choosing among
   k candidates, turnopd.rollout.judge);
 - where the next observation comes from: the env pool's interface (`reset_slot`, `step_slot`, `end`),
@@ -17,7 +17,8 @@ The loop knows turns, and three hooks decide the rest:
   replays given actions first (turnopd.rollout.takeover) answers. A reset whose info holds
   "prior_steps" starts the episode after them: they enter the prompt history, not the trajectory.
 `rollout`'s `run_episode` wraps each episode (the world model's runner: which pool it plays in, and
-its verdict on it).
+its verdict on it). The renderer also reads the answer back into an env action, and may decline a
+turn whose prompt would not fit its context (prompt.style=chat): the episode then ends, truncated.
 
 Each request is sampled from its own random stream (request_seed of the batch's seed, the episode
 and the turn), so an episode plays the same whatever it is batched with. Prompt length is not
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from envs.base import EnvSpec, PromptContext, recent_pairs
-from turnopd.config import EnvConfig
+from turnopd.config import EnvConfig, PromptConfig
 from turnopd.core.faults import failpoint
 from turnopd.core.types import Trajectory, Turn
 from turnopd.rollout.base import Generation, Policy, SamplingParams, request_seed
@@ -82,17 +83,26 @@ class PolicySample:
 POLICY_SAMPLE = PolicySample()
 
 
+def policy_renderer(spec: EnvSpec, policy: Policy, prompt: PromptConfig | None, sampling: SamplingParams) -> Renderer:
+    """What `policy` is shown of `spec`'s turns under the recipe's `prompt` section; a chat prompt holds
+    at most prompt.max_context (else the policy's context) less the answer's max_new_tokens."""
+    context = min(policy.max_model_len, prompt.max_context or policy.max_model_len) if prompt else policy.max_model_len
+    return renderer_for(spec, policy.tokenizer, image_tokens=policy.image_tokens, prompt=prompt,
+                        max_prompt=context - sampling.max_new_tokens)
+
+
 async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *, slot: int, episode: int,
                        env_config: EnvConfig, sampling: SamplingParams, turn_limit: int, is_probe: bool = False,
                        ledger: Any = None, actions: ActionSource = POLICY_SAMPLE,
-                       renderer: Renderer | None = None) -> Trajectory:
+                       renderer: Renderer | None = None, prompt: PromptConfig | None = None) -> Trajectory:
     """One episode of `task_id` in env-pool slot `slot`, for at most `turn_limit` turns (the batch
     plan's, at most the horizon env_config.max_turns). Stopped by a limit below the horizon with the
     env not done: truncated. Waiting for the env (reset and steps) is the ledger's "env" busy time
     (the pool's `ledger_resource`: a world model's steps are its own busy time, not the env's)."""
     busy = ledger.busy if ledger is not None else (lambda _: nullcontext())
     env = pool.ledger_resource
-    renderer = renderer or renderer_for(spec, policy)
+    renderer = renderer or policy_renderer(spec, policy, prompt, sampling)
+    context_full = False
     trajectory = Trajectory(task_id=task_id, env_name=spec.name, is_probe=is_probe, task_type=spec.task_type(task_id),
                             weight_version=policy.weight_version)
     with policy.session():  # the backend may wait for this episode's requests when it batches
@@ -110,38 +120,47 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
             ctx = PromptContext(task=goal, step=turn_index, observation=outcome.observation,
                                 history=recent_pairs(history, env_config.history_length),
                                 admissible=outcome.admissible, answer_format=env_config.answer_format)
-            prompt = renderer.render(ctx, [*recent_pairs(infos, env_config.history_length), outcome.info])
-            check_prompt_lengths([prompt.ids], sampling.max_new_tokens, policy.max_model_len,
+            shown = renderer.render(ctx, [*recent_pairs(infos, env_config.history_length), outcome.info],
+                                     trajectory.turns)
+            if shown is None:  # the conversation would overflow the renderer's context
+                context_full = True
+                break
+            check_prompt_lengths([shown.ids], sampling.max_new_tokens, policy.max_model_len,
                                  hint=f"Lower env.history_length (now {env_config.history_length}) or "
                                       f"policy.max_new_tokens (now {sampling.max_new_tokens}).")
-            generation = await actions.act(policy, prompt, sampling, TurnState(
+            generation = await actions.act(policy, shown, sampling, TurnState(
                 task_id, episode, turn_index, goal, first_observation, list(history), outcome.observation, reset_info),
                 busy)
-            action = spec.parse_action(generation.text)
+            action = renderer.parse_action(generation.text)
             with busy(env):
                 next_outcome = await pool.step_slot(slot, action.action)
             invalid = not action.valid or bool(next_outcome.info.get("invalid"))
             trajectory.turns.append(Turn(
-                index=turn_index, observation=outcome.observation, prompt_ids=prompt.ids,
+                index=turn_index, observation=outcome.observation, prompt_ids=shown.ids,
                 action_ids=generation.token_ids, student_logprobs=generation.logprobs, action_text=generation.text,
                 reward=next_outcome.reward - (env_config.invalid_action_penalty if invalid else 0.0), invalid=invalid,
-                image_keys=prompt.image_keys, teacher_prompt_ids=prompt.teacher_ids,
+                image_keys=shown.image_keys, teacher_prompt_ids=shown.teacher_ids,
             ))
             history.append((outcome.observation, action.action))
             infos.append(outcome.info)
             outcome = next_outcome
+    end_episode(trajectory, outcome, pool, slot, truncated=turn_limit < env_config.max_turns or context_full)
+    return trajectory
+
+
+def end_episode(trajectory: Trajectory, outcome: Any, pool: Any, slot: int, *, truncated: bool) -> None:
+    """Record how the episode ended; one the env has not ended is ended in the pool. `truncated`: it
+    still played when its turn limit below max_turns, or its renderer's context, stopped it (at
+    max_turns the env's own turn limit ended it, not a truncation)."""
     trajectory.final_observation = outcome.observation
     if outcome.done:
         trajectory.ended = True
         trajectory.success = bool(outcome.won)
         trajectory.env_error = outcome.info.get("env_error", "")
     else:
-        # Still playing after the last allowed turn: stopped by its turn limit when that was below max_turns;
-        # at max_turns the env's own turn limit ended it (not a truncation).
-        trajectory.truncated = turn_limit < env_config.max_turns
+        trajectory.truncated = truncated
         pool.end([slot])
     failpoint("rollout.episode_done")
-    return trajectory
 
 
 class SlotPool:
@@ -171,7 +190,8 @@ async def play_all(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *
                    sampling: SamplingParams, turn_limits: Sequence[int] | None = None, probes: int = 0,
                    ledger: Any = None, actions: ActionSource = POLICY_SAMPLE,
                    run_episode: EpisodeRunner | None = None,
-                   on_episode: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+                   on_episode: Callable[[Trajectory], None] | None = None,
+                   prompt: PromptConfig | None = None) -> list[Trajectory]:
     """`rollout` inside a running event loop."""
     if not tasks:
         raise ValueError("rollout needs at least one task")
@@ -179,7 +199,7 @@ async def play_all(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *
     if len(turn_limits) != len(tasks) or not all(1 <= n <= env_config.max_turns for n in turn_limits):
         raise ValueError(f"rollout needs one turn limit per task, each in [1, env.max_turns={env_config.max_turns}]; "
                          f"got {turn_limits} for {len(tasks)} tasks")
-    renderer = renderer_for(spec, policy)
+    renderer = policy_renderer(spec, policy, prompt, sampling)
 
     async def play(i: int, task: str) -> Trajectory:
         episode = functools.partial(play_episode, spec, policy=policy, task_id=task, slot=i, episode=i,
@@ -197,14 +217,16 @@ def rollout(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *, env_c
             sampling: SamplingParams, turn_limits: Sequence[int] | None = None, probes: int = 0,
             ledger: Any = None, actions: ActionSource = POLICY_SAMPLE,
             run_episode: EpisodeRunner | None = None,
-            on_episode: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+            on_episode: Callable[[Trajectory], None] | None = None,
+            prompt: PromptConfig | None = None) -> list[Trajectory]:
     """Play one episode per task id (repeat a task id for several samples of it), all at once in
     slots 0..len(tasks)-1, episode i for at most turn_limits[i] turns (default: the horizon,
     env_config.max_turns, for every one; the batch plan decides them, probes at the horizon:
     turnopd.orchestration.pipeline.plan.episode_turn_limits); the first `probes` are marked as
     probes (Trajectory.is_probe). `actions` chooses each turn's action (the policy's sample by
     default); `run_episode` wraps each episode (see the module docstring); `on_episode` is called with
-    each trajectory as it ends (a progress bar). Returns the trajectories in the order of `tasks`."""
+    each trajectory as it ends (a progress bar); `prompt` is the recipe's prompt section (None: the
+    history_block style). Returns the trajectories in the order of `tasks`."""
     return asyncio.run(play_all(spec, pool, policy, tasks, env_config=env_config, sampling=sampling,
                                 turn_limits=turn_limits, probes=probes, ledger=ledger, actions=actions,
-                                run_episode=run_episode, on_episode=on_episode))
+                                run_episode=run_episode, on_episode=on_episode, prompt=prompt))

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from envs.base import EnvSpec
-from turnopd.config import EnvConfig, PolicyConfig
+from turnopd.config import EnvConfig, PolicyConfig, PromptConfig
 from turnopd.core.types import Trajectory, describe_env_errors, env_errors
 from turnopd.rollout.agent_loop import rollout
 from turnopd.rollout.base import Policy, SamplingParams
@@ -76,14 +76,16 @@ def eval_sampling(policy_config: PolicyConfig, k: int, temperature: float, seed:
 
 def evaluate(spec: EnvSpec, pool, policy: Policy, tasks: list[str], *, split: str, env_config: EnvConfig,
              policy_config: PolicyConfig, k: int = 1, temperature: float = 1.0, seed: int = 0,
-             ledger=None, on_episode: Callable[[Trajectory], None] | None = None) -> EvalResult:
-    """Play each task k times at full depth and score Avg@k (`on_episode`: called as each episode ends)."""
+             ledger=None, on_episode: Callable[[Trajectory], None] | None = None,
+             prompt: PromptConfig | None = None) -> EvalResult:
+    """Play each task k times at full depth and score Avg@k (`on_episode`: called as each episode ends;
+    `prompt`: the recipe's prompt section)."""
     if not tasks:
         raise ValueError(f"no tasks to evaluate on split {split!r}")
     sampling = eval_sampling(policy_config, k, temperature, seed)
     episodes = [task for task in tasks for _ in range(k)]
     trajectories = rollout(spec, pool, policy, episodes, env_config=env_config, sampling=sampling,
-                           ledger=ledger, on_episode=on_episode)
+                           ledger=ledger, on_episode=on_episode, prompt=prompt)
     overall, per_type, per_task = avg_at_k(trajectories, k)
     mean_turns = sum(t.depth for t in trajectories) / len(trajectories)
     return EvalResult(split, k, overall, per_type, len(tasks), mean_turns, env_errors(trajectories), per_task,

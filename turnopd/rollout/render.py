@@ -6,17 +6,42 @@ observations) into the token ids the policy reads.
 the policy tokenizer's chat template, rendered afresh each turn (verl-agent style).
 `ScreenshotView` (an env that shows screenshots, envs.base.shows_screenshots, and a vision-language
 policy): the same template with an image in place of each page the window shows, and the pages'
-text for a text teacher. `renderer_for` picks one.
+text for a text teacher.
+`ChatView` (prompt.style=chat): the episode as one conversation that only grows (token in, token out:
+the ids the policy sampled stay in every later prompt), turnopd.rollout.chat and docs/chat.md.
+`renderer_for` picks one. A renderer also reads the policy's answer back into an env action
+(`parse_action`): the env's own parser, or a tool call's argument.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from envs.base import IMAGE_PLACEHOLDER, EnvSpec, PromptContext, screenshot_view, shows_screenshots
+from envs.base import (
+    IMAGE_PLACEHOLDER,
+    EnvSpec,
+    ParsedAction,
+    PromptContext,
+    answer_instruction,
+    format_answer,
+    screenshot_view,
+    shows_screenshots,
+)
+from turnopd.config import PromptConfig, RecipeError
 from turnopd.core.text import expand_placeholders
+from turnopd.core.types import Turn
+from turnopd.rollout.chat import (
+    ACT_TOOL,
+    TOOL_INSTRUCTION,
+    answer_closing,
+    appended_text,
+    parse_tool_call,
+    require_tools,
+    tool_call_text,
+)
 
 
 @dataclass(frozen=True)
@@ -30,10 +55,32 @@ class RenderedPrompt:
 
 
 class Renderer(Protocol):
-    def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]]) -> RenderedPrompt:
-        """The prompt of a turn. `infos`: the env's info of each observation in ctx.history, then the
-        current observation's."""
+    def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]], turns: Sequence[Turn]
+               ) -> RenderedPrompt | None:
+        """The prompt of a turn, or None when it would not fit the renderer's context (the episode
+        then ends, truncated). `infos`: the env's info of each observation in ctx.history, then the
+        current observation's; `turns`: the episode's turns so far, as played."""
         ...
+
+    def parse_action(self, text: str) -> ParsedAction:
+        """The env action of the policy's answer `text`."""
+        ...
+
+    def format_answer(self, action: str, answer_format: str) -> str:
+        """How an answer that takes `action` reads (an expert's, in demonstrations)."""
+        ...
+
+
+class EnvAnswers:
+    """Answers as the env writes and reads them: its answer format and its own parser."""
+
+    spec: EnvSpec
+
+    def parse_action(self, text: str) -> ParsedAction:
+        return self.spec.parse_action(text)
+
+    def format_answer(self, action: str, answer_format: str) -> str:
+        return format_answer(action, answer_format)
 
 
 def chat_prompt_ids(tokenizer: Any, user_message: str) -> list[int]:
@@ -47,35 +94,113 @@ def chat_prompt_ids(tokenizer: Any, user_message: str) -> list[int]:
 
 
 @dataclass(frozen=True)
-class TextView:
+class TextView(EnvAnswers):
     spec: EnvSpec
     tokenizer: Any
 
-    def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]]) -> RenderedPrompt:
+    def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]], turns: Sequence[Turn]) -> RenderedPrompt:
         return RenderedPrompt(chat_prompt_ids(self.tokenizer, self.spec.render_prompt(ctx)))
 
 
 @dataclass(frozen=True)
-class ScreenshotView:
+class ScreenshotView(EnvAnswers):
     """A vision-language policy's view (`image_tokens` positions an image): see `student_prompt`."""
 
     spec: EnvSpec
     tokenizer: Any
     image_tokens: int
 
-    def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]]) -> RenderedPrompt:
+    def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]], turns: Sequence[Turn]) -> RenderedPrompt:
         ids, keys, text = student_prompt(self.spec, self.tokenizer, self.image_tokens, ctx,
                                          [info.get("screenshot", "") for info in infos])
         return RenderedPrompt(ids, keys, text)
 
 
-def renderer_for(spec: EnvSpec, policy: Any) -> Renderer:
-    """The policy's view of `spec`'s turns: screenshots for a vision-language policy in an env that
-    shows them, else text (a policy that reads no images, e.g. the text teacher played as a policy in
-    its evaluation, reads the pages' text)."""
-    if shows_screenshots(spec) and policy.image_tokens:
-        return ScreenshotView(spec, policy.tokenizer, policy.image_tokens)
-    return TextView(spec, policy.tokenizer)
+class ChatView(EnvAnswers):
+    """prompt.style=chat: one conversation per episode. The first turn is the template's rendering of
+    the system prompt (prompt.system, else the env's `system_prompt`, else none) and the env's prompt
+    at step 0 as the user message; each later turn appends to the last turn's prompt and sampled
+    action ids the template's answer closing (unless the policy sampled the end-of-turn token itself)
+    and the observation as a user message (a tool message with prompt.tools). `max_prompt`: the most
+    tokens a prompt may hold (the context less the answer's max_new_tokens)."""
+
+    def __init__(self, spec: EnvSpec, tokenizer: Any, prompt: PromptConfig, max_prompt: int):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"prompt.style=chat: the policy tokenizer ({getattr(tokenizer, 'name_or_path', '?')}) "
+                             "has no chat template")
+        self.spec, self.tokenizer, self.max_prompt = spec, tokenizer, max_prompt
+        system = prompt.system if prompt.system is not None else getattr(spec, "system_prompt", EnvSpec.system_prompt)
+        self.system = [{"role": "system", "content": system}] if system else []
+        self.tools = [ACT_TOOL] if prompt.tools else None
+        if self.tools:
+            require_tools(tokenizer)
+        self.closing = answer_closing(tokenizer, self.system, self.tools)
+        self.observation_role = "tool" if self.tools else "user"
+
+    def first_message(self, ctx: PromptContext) -> str:
+        text = self.spec.render_prompt(ctx)
+        return text.replace(answer_instruction(ctx.answer_format), TOOL_INSTRUCTION) if self.tools else text
+
+    def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]], turns: Sequence[Turn]
+               ) -> RenderedPrompt | None:
+        if not turns:
+            if ctx.history:
+                raise ValueError("prompt.style=chat starts its conversation at the episode's first turn: an "
+                                 "episode that starts after prior steps (a takeover) is not supported")
+            ids = list(self.tokenizer.apply_chat_template(
+                [*self.system, {"role": "user", "content": self.first_message(ctx)}], tools=self.tools,
+                tokenize=True, add_generation_prompt=True, return_dict=False))
+        else:
+            last = turns[-1]
+            text = self.closing_after(last.action_ids) + appended_text(
+                self.tokenizer, self.system, self.tools, {"role": self.observation_role, "content": observation_message(ctx)})
+            ids = [*last.prompt_ids, *last.action_ids, *self.tokenizer.encode(text, add_special_tokens=False)]
+        return RenderedPrompt(ids) if len(ids) <= self.max_prompt else None
+
+    def closing_after(self, action_ids: Sequence[int]) -> str:
+        """The answer closing still to append after the sampled `action_ids`: all of it, or what follows
+        a special end-of-turn token the policy sampled as its last token (ChatML: its <|im_end|>)."""
+        if action_ids and action_ids[-1] in self.tokenizer.all_special_ids:
+            sampled_end = self.tokenizer.convert_ids_to_tokens(action_ids[-1])
+            if self.closing.startswith(sampled_end):
+                return self.closing[len(sampled_end):]
+        return self.closing
+
+    def parse_action(self, text: str) -> ParsedAction:
+        if not self.tools:
+            return super().parse_action(text)
+        action = parse_tool_call(text)
+        if action is None:  # an invalid action: the env receives the raw text, as with a bad <action>
+            return ParsedAction(action=" ".join(text.split())[:500], valid=False)
+        return self.spec.parse_action(format_answer(action, "action"))  # the env's own normalization
+
+    def format_answer(self, action: str, answer_format: str) -> str:
+        return tool_call_text(action) if self.tools else format_answer(action, answer_format)
+
+
+def observation_message(ctx: PromptContext) -> str:
+    """A later turn's message in a chat: the env's observation and, where the env lists them, the
+    admissible actions."""
+    if not ctx.admissible:
+        return ctx.observation
+    return ctx.observation + "\nAdmissible actions: " + ", ".join(f"'{a}'" for a in ctx.admissible if a != "help")
+
+
+def renderer_for(spec: EnvSpec, tokenizer: Any, *, image_tokens: int = 0, prompt: PromptConfig | None = None,
+                 max_prompt: int | None = None) -> Renderer:
+    """The policy's view of `spec`'s turns: a chat for prompt.style=chat; else screenshots for a
+    vision-language policy (`image_tokens` positions an image) in an env that shows them, else text
+    (a policy that reads no images, e.g. the text teacher played as a policy in its evaluation, reads
+    the pages' text). `max_prompt`: the most tokens a chat prompt may hold (None: no bound)."""
+    prompt = prompt or PromptConfig()
+    if prompt.style == "chat":
+        if shows_screenshots(spec):
+            raise RecipeError(f"recipe key 'prompt.style': chat with env {spec.name}, which shows screenshots, is "
+                              "not built; use prompt.style=history_block")
+        return ChatView(spec, tokenizer, prompt, max_prompt if max_prompt is not None else sys.maxsize)
+    if shows_screenshots(spec) and image_tokens:
+        return ScreenshotView(spec, tokenizer, image_tokens)
+    return TextView(spec, tokenizer)
 
 
 def student_prompt(spec: EnvSpec, tokenizer: Any, image_tokens: int, ctx: PromptContext, page_keys: Sequence[str]

@@ -170,7 +170,7 @@ async def _serve(cfg: RunConfig, setup: Setup, weights: SharedWeights, requests:
             return await play_episode(setup.spec, pool, policy, task, slot=slot, episode=episode, env_config=cfg.env,
                                       sampling=request.episodes.sampling,
                                       turn_limit=request.episodes.turn_limits[episode],
-                                      is_probe=episode < request.episodes.probes, ledger=ledger)
+                                      is_probe=episode < request.episodes.probes, ledger=ledger, prompt=cfg.prompt)
 
     async def answer(request: GenerationRequest) -> None:
         try:

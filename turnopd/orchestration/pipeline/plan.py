@@ -238,7 +238,7 @@ def play_and_score(cfg: RunConfig, spec: EnvSpec, pool: EnvPool, policy: Policy,
                                turn_limits=episodes.turn_limits, probes=episodes.probes, ledger=ledger,
                                actions=judge or POLICY_SAMPLE,
                                run_episode=world.runner(pool, episodes.simulated, ledger.busy) if world else None,
-                               on_episode=progress.episode_done)
+                               on_episode=progress.episode_done, prompt=cfg.prompt)
         if world is not None and cfg.world_model.denoise == "trajectory_variance" and cfg.world_model.samples >= 2:
             weights = inverse_variance_weights([trajectory_variance(trace_of(t).disagreements) for t in trajectories],
                                                cfg.world_model.variance_floor)
