@@ -18,10 +18,11 @@ RECIPE --dry-run`. Each model's origin is returned as a note, printed by the dry
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -33,7 +34,7 @@ from envs.base import EnvSpec, split_tasks
 from teachers import TEACHER_BACKENDS, TeacherSpec, TeacherSpecError, load_teacher_spec
 from teachers.spec import served_model_name
 from turnopd.algorithm.objective import ESTIMATORS
-from turnopd.config import ModelConfig, RecipeError, RunConfig, to_yaml
+from turnopd.config import EnvConfig, ModelConfig, RecipeError, RunConfig, env_mixture, to_yaml
 from turnopd.core.checkpoint import list_checkpoints, saved_world_size
 from turnopd.core.distributed import rank_and_world
 from turnopd.orchestration.sweep import run_state
@@ -159,6 +160,8 @@ class Setup:
     eval_split: str
     student_path: Path
     teacher_specs: dict[str, TeacherSpec]
+    # a multi-env run: each env's own Setup, by env name (this one is the first env's); empty: one env
+    envs: dict[str, Setup] = field(default_factory=dict)
 
 
 def scoring_topk(cfg: RunConfig) -> int:
@@ -208,9 +211,6 @@ def require_vllm(what: str) -> None:
 def check_setup(cfg: RunConfig) -> tuple[Setup, list[str]]:
     """The Setup of a validated distillation recipe, with notes on where each model comes from.
     Loads no model and contacts no server."""
-    spec = make_env_spec(cfg.env, cfg.data_dir)
-    _, train_tasks, eval_split, eval_tasks = train_and_eval_tasks(spec, cfg.env, eval_split=cfg.eval.split,
-                                                                   max_eval_tasks=cfg.eval.max_tasks)
     notes = [f"student: {check_student(cfg.student)}"]
     teacher_specs = {}
     for env, path in cfg.teachers.items():
@@ -228,8 +228,17 @@ def check_setup(cfg: RunConfig) -> tuple[Setup, list[str]]:
         notes.append(f"world model: {cfg.world_model.path} (held-out status accuracy "
                      f"{100 * meta['result']['fidelity']['all']['status_accuracy']:.0f}%); "
                      f"{100 * cfg.world_model.real_fraction:.0f}% of the non-probe episodes play the real env")
-    setup = Setup(spec, train_tasks, eval_tasks, eval_split, Path(cfg.student.path).expanduser(), teacher_specs)
-    return setup, notes
+    envs = {share.env.name: env_setup(cfg, share.env, teacher_specs) for share in env_mixture(cfg)}
+    setup = next(iter(envs.values()))
+    return (dataclasses.replace(setup, envs=envs) if cfg.envs else setup), notes
+
+
+def env_setup(cfg: RunConfig, env: EnvConfig, teacher_specs: dict[str, TeacherSpec]) -> Setup:
+    """One env's Setup: its spec and its train and held-out tasks."""
+    spec = make_env_spec(env, cfg.data_dir)
+    _, train_tasks, eval_split, eval_tasks = train_and_eval_tasks(spec, env, eval_split=cfg.eval.split,
+                                                                   max_eval_tasks=cfg.eval.max_tasks)
+    return Setup(spec, train_tasks, eval_tasks, eval_split, Path(cfg.student.path).expanduser(), teacher_specs)
 
 
 class RunComplete(Exception):
@@ -305,8 +314,9 @@ def dry_run(cfg: RunConfig, resume: str | None = None) -> dict[str, Any]:
     what was checked and where each model will come from, and stop."""
     setup, notes = check_setup(cfg)
     run_dir, resuming = run_dir_for(cfg, resume)
-    print(f"recipe OK: env {cfg.env.name} ({len(setup.train_tasks)} train / {len(setup.eval_tasks)} "
-          f"{setup.eval_split} tasks), student {cfg.student.path}, teachers "
+    envs = ", ".join(f"{env} ({len(part.train_tasks)} train / {len(part.eval_tasks)} {part.eval_split} tasks)"
+                     for env, part in (setup.envs or {cfg.env.name: setup}).items())
+    print(f"recipe OK: env {envs}, student {cfg.student.path}, teachers "
           f"{ {env: s.model for env, s in setup.teacher_specs.items()} }, run dir {run_dir}{' (resumed)' if resuming else ''}, "
           f"data folder {getattr(setup.spec, 'root', None) or 'none (the env reads no task data)'}")
     for note in notes:
