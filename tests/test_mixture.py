@@ -17,7 +17,7 @@ from turnopd.config import RecipeError, check_consistency, env_views, validate
 from turnopd.core.types import EpisodeSummary, Trajectory, Turn
 from turnopd.orchestration.pipeline import MixturePlan, per_env_fields
 from turnopd.orchestration.pipeline.plan import BatchPlan
-from turnopd.orchestration.recipe import BACKEND_REGISTRIES, load_recipe
+from turnopd.orchestration.recipe import BACKEND_REGISTRIES, check_screenshots, load_recipe
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "multi" / "alfworld_search.yaml"
 
@@ -93,6 +93,14 @@ def test_bad_mixtures_are_refused_naming_the_key(keys, message):
     with pytest.raises(RecipeError) as err:
         checked(mixture_recipe(**keys))
     assert str(err.value).startswith(message) and "\n" not in str(err.value), str(err.value)
+
+
+def test_a_screenshot_env_is_refused_in_a_mixture():
+    cfg = mixture_recipe(envs={"alfworld": {"weight": 0.75}, "webshop_screenshot": {"weight": 0.25}},
+                         **{"teachers.webshop_screenshot": "w.yaml"})
+    with pytest.raises(RecipeError, match="^recipe key 'envs': env 'webshop_screenshot' shows screenshots; a "
+                                          "multi-env run plays text envs"):
+        validate(cfg, checks=(check_consistency, check_screenshots), registries=BACKEND_REGISTRIES)
 
 
 def test_the_recipe_validates_with_a_teacher_per_env():
@@ -242,3 +250,27 @@ def test_a_mixed_run_records_each_env_s_depth_and_evaluation(mixed):
     for r in evals:
         assert set(r["per_env"]) == {"alfworld", "search"} and r["num_tasks"] == 2
         assert r["avg_at_k"] == pytest.approx(sum(e["avg_at_k"] for e in r["per_env"].values()) / 2)
+
+
+def test_frontier_reads_the_mean_or_one_env_of_a_mixed_run(tmp_path):
+    import json
+
+    from turnopd.analysis.frontier import FrontierError, load_run
+    from turnopd.rollout.eval import EvalResult
+
+    alfworld = EvalResult("valid_unseen", 1, 0.5, {"look": 0.5}, 2, 10.0, per_task={"a1": 1.0, "a2": 0.0})
+    search = EvalResult("test", 1, 0.0, {"hotpotqa": 0.0}, 1, 4.0, per_task={"s1": 0.0})
+    mixed = EvalResult.mixed({"alfworld": alfworld, "search": search})
+    # the envs' mean (each env weighs the same), turns over all 3 episodes: (2 * 10 + 4) / 3
+    assert (mixed.avg_at_k, mixed.num_tasks, mixed.mean_turns) == (0.25, 3, 8.0)
+    assert mixed.per_task == {"alfworld/a1": 1.0, "alfworld/a2": 0.0, "search/s1": 0.0}
+    assert EvalResult.from_record(mixed.record()).per_env["search"].avg_at_k == 0.0
+    run = tmp_path / "mixed"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "step": 0, "train_time_s": 0.0,
+                                                   **mixed.record()}) + "\n")
+    assert [e.avg_at_k for e in load_run(run).evals] == [0.25]
+    only_alfworld = load_run(run, env="alfworld").evals[0]
+    assert (only_alfworld.avg_at_k, only_alfworld.per_task) == (0.5, {"a1": 1.0, "a2": 0.0})
+    with pytest.raises(FrontierError, match="has no env 'webshop'; its envs: alfworld, search"):
+        load_run(run, env="webshop")

@@ -84,7 +84,12 @@ def check_screenshots(cfg: RunConfig) -> None:
     step: the transformers policy (it fetches the images of a generation batch), the sync pipeline
     (nothing plays while the step's screenshots are freed), a teacher that scores from the batch (the
     in-process full estimator would read the student's image tokens, not the teacher's text), no judge
-    and no world model (their prompts have no images)."""
+    and no world model (their prompts have no images); a multi-env run none (its pixel store and the
+    student's screenshots are one env's)."""
+    screenshots = [env for env in cfg.envs if shows_screenshots(ENVS.get(env))]
+    if screenshots:
+        raise RecipeError(f"recipe key 'envs': env {screenshots[0]!r} shows screenshots; a multi-env run plays "
+                          "text envs (its pixel store and the student's screenshots are one env's)")
     if not shows_screenshots(ENVS.get(cfg.env.name)):
         return
     why = {"policy.backend": (cfg.policy.backend != "transformers", "only the transformers policy takes images"),
