@@ -188,6 +188,19 @@ def mixed(tmp_path_factory, tiny_model_dir):
     return root
 
 
+def test_a_teacher_whose_tokenizer_is_not_the_student_s_is_refused_at_recipe_check(mixed, tmp_path):
+    from turnopd.models.tiny import build_tiny_model
+    from turnopd.orchestration.preflight import dry_run
+
+    build_tiny_model(tmp_path / "other", ["a completely different corpus of words, spelled differently"] * 3,
+                     hidden_size=64, num_layers=1, num_heads=2, seed=3)
+    (tmp_path / "other.yaml").write_text(f"name: other-teacher\nmodel: {tmp_path}/other\nbackend: transformers\n")
+    with pytest.raises(RecipeError, match=r"^recipe key 'teachers.search': student tokenizer \(.*student\) and "
+                                          r"teacher tokenizer \(other-teacher\) differ: vocabulary sizes"):
+        dry_run(load_recipe(mixed / "recipe.yaml", [f"teachers.search={tmp_path}/other.yaml"]))
+    assert dry_run(mixed_recipe(mixed))["dry_run"]
+
+
 def mixed_recipe(root: Path):
     """The loop recipe with the mixture, its search teacher added (LOOP_RECIPE names the ALFWorld one)."""
     return load_recipe(root / "recipe.yaml", [f"teachers.search={root}/search_teacher.yaml"])

@@ -28,10 +28,18 @@ from typing import Any
 from urllib.parse import urlparse
 
 from omegaconf import OmegaConf
+from transformers import AutoTokenizer
 
 from envs import make_env_spec
 from envs.base import EnvSpec, split_tasks
-from teachers import TEACHER_BACKENDS, TeacherSpec, TeacherSpecError, load_teacher_spec
+from teachers import (
+    TEACHER_BACKENDS,
+    TeacherSpec,
+    TeacherSpecError,
+    TokenizerMismatchError,
+    check_tokenizers,
+    load_teacher_spec,
+)
 from teachers.spec import served_model_name
 from turnopd.algorithm.objective import ESTIMATORS
 from turnopd.config import EnvConfig, ModelConfig, RecipeError, RunConfig, env_mixture, to_yaml
@@ -202,6 +210,24 @@ def check_backends(cfg: RunConfig, teacher_specs: dict[str, TeacherSpec]) -> Non
         require_vllm("recipe key 'policy.backend': 'vllm'")
 
 
+def check_local_tokenizers(student_path: Path, teacher_specs: dict[str, TeacherSpec]) -> None:
+    """Each teacher's tokenizer against the student's where both are local folders already, before any
+    model is built or loaded (the others are checked as they load, turnopd.orchestration.startup): a
+    teacher scores the student's own token ids, so it must tokenize as the student does."""
+    if not student_path.is_dir():
+        return
+    student = None
+    for env, spec in teacher_specs.items():
+        folder = Path(spec.tokenizer or spec.model).expanduser()
+        if not folder.is_dir():
+            continue
+        student = student or AutoTokenizer.from_pretrained(student_path)
+        try:
+            check_tokenizers(student, AutoTokenizer.from_pretrained(folder), str(student_path), spec.name)
+        except TokenizerMismatchError as exc:
+            raise RecipeError(f"recipe key 'teachers.{env}': {exc}") from None
+
+
 def require_vllm(what: str) -> None:
     if importlib.util.find_spec("vllm") is None:
         raise RecipeError(f"{what} needs vLLM, which is not installed here (pip install 'turnopd[vllm]', or "
@@ -220,6 +246,7 @@ def check_setup(cfg: RunConfig) -> tuple[Setup, list[str]]:
             raise RecipeError(f"recipe key 'teachers.{env}': {exc}") from None
         notes.append(f"teacher for {env}: {check_teacher(teacher_specs[env])}")
     check_backends(cfg, teacher_specs)
+    check_local_tokenizers(Path(cfg.student.path).expanduser(), teacher_specs)
     if cfg.world_model.path is not None:
         try:
             meta = load_world_model_meta(cfg.world_model.path, cfg.env.name)

@@ -28,6 +28,7 @@ from turnopd.orchestration.pipeline import generator, in_process  # noqa: F401  
 from turnopd.orchestration.pipeline.base import PIPELINE_MODES, PipelineMode, PipelineStats, Rollouts
 from turnopd.orchestration.pipeline.generator import GeneratorError
 from turnopd.orchestration.pipeline.mixture import (
+    EnvPools,
     MixturePlan,
     env_parts,
     make_depth,
@@ -44,6 +45,6 @@ def open_rollouts(cfg, setup, **backends):
     return PIPELINE_MODES.get(cfg.pipeline.mode).open(cfg, setup, **backends)
 
 
-__all__ = ["PIPELINE_MODES", "BatchPlan", "EnvPools", "GeneratorError", "MixturePlan", "PipelineMode", "PipelineStats", "Rollouts",
-           "env_parts", "make_depth", "open_pools", "open_rollouts", "per_env_fields", "plan_batch", "plan_step",
+__all__ = ["PIPELINE_MODES", "BatchPlan", "EnvPools", "GeneratorError", "MixturePlan", "PipelineMode",
+           "PipelineStats", "Rollouts", "env_parts", "make_depth", "open_pools", "open_rollouts", "per_env_fields", "plan_batch", "plan_step",
            "sample_tasks", "scoring_topk"]
