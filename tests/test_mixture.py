@@ -130,6 +130,10 @@ def test_each_env_controller_reads_only_its_own_probes():
     assert {env: (d["h_eff"], d["h_cov"]) for env, d in diagnostics.items()} == {
         "alfworld": (3.0, 6.0), "search": (2.0, 2.0)}
     assert depths.schedules["alfworld"].cap == 6 and depths.schedules["search"].cap == 2
+    # a checkpoint keeps each env's controller
+    restored = EnvDepths({"alfworld": DepthController(h_max=10), "search": DepthController(h_max=4)})
+    restored.load_state_dict(depths.state_dict())
+    assert (restored.schedules["alfworld"].cap_at(9), restored.schedules["search"].cap_at(9)) == (6, 2)
 
 
 def test_a_mixed_step_record_has_each_env_s_fields():
