@@ -83,6 +83,8 @@ def test_fixed_episodes_per_env():
                                                   "episodes_per_step, the same one for every env"),
     ({"envs.alfworld.weight": 0.95, "envs.search.weight": 0.05},
      "recipe key 'envs.search': 0 episodes a step; every env needs whole groups of trainer.group_size=1"),
+    ({"envs.search.weight": "half"}, "recipe key 'envs.search.weight': 'half'; a share is a number > 0"),
+    ({"envs.search": 0.25}, "recipe key 'envs.search': 0.25 is a value; give a mapping, e.g. {weight: 0.5}"),
     ({"envs.search.max_turn": 4}, "recipe key 'envs.search.max_turn': Key 'max_turn' not in 'EnvConfig'"),
     ({"envs.nosuch": {"weight": 0.0}}, "recipe key 'envs.nosuch.name': 'nosuch' is not allowed"),
     ({"pipeline.mode": "one_step_off"}, "recipe key 'pipeline.mode' with a multi-env run (envs)"),

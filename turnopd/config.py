@@ -561,7 +561,9 @@ def env_mixture(run: RunConfig) -> list[MixtureEnv]:
     base = OmegaConf.to_container(OmegaConf.structured(run.env))
     mixture = []
     for name, entry in run.envs.items():
-        keys = dict(entry or {})
+        if not isinstance(entry, Mapping):
+            raise RecipeError(f"recipe key 'envs.{name}': {entry!r} is a value; give a mapping, e.g. {{weight: 0.5}}")
+        keys = dict(entry)
         weight, episodes = (keys.pop(key, None) for key in MIXTURE_SHARE_KEYS)
         try:
             env = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EnvConfig), {**base, **keys, "name": name}))
@@ -588,8 +590,10 @@ def check_mixture(run: RunConfig, mixture: list[MixtureEnv]) -> None:
         if (share.weight is None) == (share.episodes is None) or (share.weight is not None) != by_weight:
             raise RecipeError(f"recipe key 'envs.{share.env.name}': give each env one of weight or episodes_per_step, "
                               "the same one for every env")
-        if not (share.weight or share.episodes or 0) > 0:
-            raise RecipeError(f"recipe key 'envs.{share.env.name}': its share must be > 0")
+        key, value = ("weight", share.weight) if by_weight else ("episodes_per_step", share.episodes)
+        if isinstance(value, bool) or not isinstance(value, float | int if by_weight else int) or value <= 0:
+            raise RecipeError(f"recipe key 'envs.{share.env.name}.{key}': {value!r}; a share is a number > 0 "
+                              "(episodes_per_step a whole one)")
     total = sum(s.weight for s in mixture) if by_weight else sum(s.episodes for s in mixture)
     if by_weight and abs(total - 1) > 1e-6:
         raise RecipeError(f"recipe key 'envs': the weights sum to {total:g}; they must sum to 1")
