@@ -207,9 +207,9 @@ def test_a_teacher_whose_tokenizer_is_not_the_student_s_is_refused_at_recipe_che
     assert dry_run(mixed_recipe(mixed))["dry_run"]
 
 
-def mixed_recipe(root: Path):
+def mixed_recipe(root: Path, *overrides: str):
     """The loop recipe with the mixture, its search teacher added (LOOP_RECIPE names the ALFWorld one)."""
-    return load_recipe(root / "recipe.yaml", [f"teachers.search={root}/search_teacher.yaml"])
+    return load_recipe(root / "recipe.yaml", [f"teachers.search={root}/search_teacher.yaml", *overrides])
 
 
 def action_logprobs(model, turn: Turn) -> list[float]:
@@ -254,7 +254,7 @@ def test_a_mixed_run_records_each_env_s_depth_and_evaluation(mixed):
 
     from turnopd.orchestration.distill import run_distillation
 
-    summary = run_distillation(mixed_recipe(mixed))
+    summary = run_distillation(mixed_recipe(mixed, "eval.teacher=true"))
     records = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
     assert len(train) == 2
@@ -266,8 +266,10 @@ def test_a_mixed_run_records_each_env_s_depth_and_evaluation(mixed):
     assert train[1]["per_env"]["search"]["h_eff"] is not None and train[0]["per_env"]["search"]["h_eff"] is None
     evals = [r for r in records if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [0, 2]
-    for r in evals:
+    teacher = [r for r in records if r["kind"] == "teacher_eval"]  # each env's teacher on its own env
+    for r in evals + teacher:
         assert set(r["per_env"]) == {"alfworld", "search"} and r["num_tasks"] == 2
+        assert [e["split"] for e in r["per_env"].values()] == ["valid_seen", "test"]
         assert r["avg_at_k"] == pytest.approx(sum(e["avg_at_k"] for e in r["per_env"].values()) / 2)
 
 
