@@ -56,3 +56,16 @@ def test_an_evaluation_in_a_log_prints_a_line_every_30_s_and_one_at_the_end():
             clock.now = t
             bar.episode_done(Trajectory(task_id="t", env_name="e"))
     assert captured.get() == ""
+
+
+def test_a_multi_env_step_line_shows_each_env_s_cap_and_success():
+    record = StepRecord(**{**vars(_record(1, {})), "per_env": {
+        "alfworld": {"rollout_depth_cap": 12, "success_rate": 0.75}, "search": {"rollout_depth_cap": 3, "success_rate": 0.25}}})
+    with progress.console.capture() as captured:
+        clock = FakeClock()
+        bar = StepProgress(total_steps=2, clock=clock)
+        clock.now = 10.0
+        bar.update(record)
+        bar.close()
+    lines = [line for line in captured.get().splitlines() if line.startswith("step ")]
+    assert len(lines) == 1 and lines[0].startswith("step 1/2: cap 12/3, alpha 0.25, success 0.75/0.25, kl 0.125, ")

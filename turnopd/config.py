@@ -26,6 +26,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from turnopd.algorithm.judge import JUDGES, MEMORY_MODES
+from turnopd.algorithm.mixture import mixture_episodes
 from turnopd.core.metrics import WORK_UNITS
 from turnopd.core.registry import Registry
 from turnopd.core.tracking import TRACKERS, TRACKING_EXTRA, TrackerSettings
@@ -330,7 +331,9 @@ class DepthConfig(Section):
     curriculum_first_step: int = field(default=0, metadata=_choices(0, 1))
 
     def check(self, run: RunConfig) -> None:
-        horizon, episodes = run.env.max_turns, run.trainer.episodes_per_step
+        # the shortest horizon of the run's envs (each env's depth controller caps within its own)
+        horizon = min(share.env.max_turns for share in env_mixture(run))
+        episodes = run.trainer.episodes_per_step
         if self.h_min > horizon:
             raise RecipeError(f"recipe key 'depth.h_min'={self.h_min} exceeds the horizon 'env.max_turns'={horizon}; "
                               f"set depth.h_min={horizon} or lower")
@@ -536,6 +539,9 @@ class RunConfig(Section):
     student: StudentConfig = field(default_factory=StudentConfig)
     # teacher spec per env name (path to a teachers/<task>/teacher.yaml, relative to the repo)
     teachers: dict[str, str] = field(default_factory=dict)
+    # a multi-env run (empty: the one env of `env`): env name -> its share of each step's episodes
+    # (`weight`, or a fixed `episodes_per_step`) and its keys of the env block (env_mixture)
+    envs: dict[str, Any] = field(default_factory=dict)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     prompt: PromptConfig = field(default_factory=PromptConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
@@ -559,15 +565,110 @@ class RunConfig(Section):
         return [*(getattr(self, name) for name in CHECKED_SECTIONS), self]
 
     def check(self, run: RunConfig) -> None:
-        """The top-level keys: a teacher for the env, and the packages of the trackers."""
-        if run.env.name not in run.teachers:
-            raise RecipeError(f"recipe key 'teachers': no teacher for env {run.env.name!r}; "
-                              f"set teachers.{run.env.name}=<path to teacher.yaml>")
+        """The top-level keys: a teacher for each env, the mixture's shares, and the trackers' packages."""
+        mixture = env_mixture(run)
+        for share in mixture:
+            if share.env.name not in run.teachers:
+                raise RecipeError(f"recipe key 'teachers': no teacher for env {share.env.name!r}; "
+                                  f"set teachers.{share.env.name}=<path to teacher.yaml>")
+        if run.envs:
+            check_mixture(run, mixture)
         for name in run.tracking:
             package = TRACKERS.get(name).package
             if importlib.util.find_spec(package) is None:
                 raise RecipeError(f"recipe key 'tracking': {name!r} needs the {package} package, which is not "
                                   f"installed: pip install '{TRACKING_EXTRA}' (or leave {name} out of tracking)")
+
+
+MIXTURE_SHARE_KEYS = ("weight", "episodes_per_step")
+
+
+@dataclass(frozen=True)
+class MixtureEnv:
+    """One env of a run: its env block, and its share of each step's episodes (a weight or a count)."""
+
+    env: EnvConfig
+    weight: float | None = None
+    episodes: int | None = None
+
+
+def env_mixture(run: RunConfig) -> list[MixtureEnv]:
+    """The run's envs in recipe order: the env block alone (a mixture of one, every episode), or each
+    entry of `envs`: the env block with the entry's keys in place of the block's (a mapping such as
+    options replaced whole), named by the entry, with its weight or episodes_per_step."""
+    if not run.envs:
+        return [MixtureEnv(run.env, weight=1.0)]
+    base = OmegaConf.to_container(OmegaConf.structured(run.env))
+    mixture = []
+    for name, entry in run.envs.items():
+        if not isinstance(entry, Mapping):
+            raise RecipeError(f"recipe key 'envs.{name}': {entry!r} is a value; give a mapping, e.g. {{weight: 0.5}}")
+        keys = dict(entry)
+        weight, episodes = (keys.pop(key, None) for key in MIXTURE_SHARE_KEYS)
+        try:
+            env = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EnvConfig), {**base, **keys, "name": name}))
+        except (OmegaConfBaseException, TypeError) as exc:
+            key = getattr(exc, "full_key", None) or "?"
+            raise RecipeError(f"recipe key 'envs.{name}.{key}': {(getattr(exc, 'msg', None) or str(exc)).splitlines()[0]}"
+                              ) from None
+        mixture.append(MixtureEnv(env, weight, episodes))
+    return mixture
+
+
+def mixture_counts(run: RunConfig, mixture: list[MixtureEnv]) -> list[int]:
+    """Each env's episodes per step (algorithm.mixture.mixture_episodes)."""
+    fixed = [share.episodes for share in mixture] if mixture[0].episodes is not None else None
+    return mixture_episodes(run.trainer.episodes_per_step, run.trainer.group_size,
+                            [share.weight for share in mixture], fixed)
+
+
+def check_mixture(run: RunConfig, mixture: list[MixtureEnv]) -> None:
+    """A multi-env recipe: every env's share given one way, whole groups summing to the step's episodes,
+    and only what plays several env pools in the training process."""
+    by_weight = mixture[0].weight is not None
+    for share in mixture:
+        if (share.weight is None) == (share.episodes is None) or (share.weight is not None) != by_weight:
+            raise RecipeError(f"recipe key 'envs.{share.env.name}': give each env one of weight or episodes_per_step, "
+                              "the same one for every env")
+        key, value = ("weight", share.weight) if by_weight else ("episodes_per_step", share.episodes)
+        if isinstance(value, bool) or not isinstance(value, float | int if by_weight else int) or value <= 0:
+            raise RecipeError(f"recipe key 'envs.{share.env.name}.{key}': {value!r}; a share is a number > 0 "
+                              "(episodes_per_step a whole one)")
+    total = sum(s.weight for s in mixture) if by_weight else sum(s.episodes for s in mixture)
+    if by_weight and abs(total - 1) > 1e-6:
+        raise RecipeError(f"recipe key 'envs': the weights sum to {total:g}; they must sum to 1")
+    if not by_weight and total != run.trainer.episodes_per_step:
+        raise RecipeError(f"recipe key 'envs': episodes_per_step sum to {total}, and trainer.episodes_per_step is "
+                          f"{run.trainer.episodes_per_step}; make them equal")
+    for share, count in zip(mixture, mixture_counts(run, mixture), strict=True):
+        if count == 0 or count % run.trainer.group_size:
+            raise RecipeError(f"recipe key 'envs.{share.env.name}': {count} episodes a step; every env needs whole "
+                              f"groups of trainer.group_size={run.trainer.group_size}, at least one")
+        if run.depth.probe_fraction is not None and round(run.depth.probe_fraction * count) < 1:
+            raise RecipeError(f"recipe key 'depth.probe_fraction': {run.depth.probe_fraction} of env "
+                              f"{share.env.name}'s {count} episodes a step rounds to no probe; raise it or its share")
+    refused = {"pipeline.mode": run.pipeline.mode != "sync", "world_model.path": run.world_model.path is not None,
+               "judge.by": run.judge.by != "none", "eval.split": run.eval.split is not None,
+               "objective.estimator": algorithm_registries()["estimator"].get(run.objective.estimator).needs_teacher_model}
+    for key, is_refused in refused.items():
+        if is_refused:
+            raise RecipeError(f"recipe key {key!r} with a multi-env run (envs): a mixture plays each env's episodes "
+                              "in the training process, with each env's own eval split and a teacher scoring from "
+                              "the batch (pipeline.mode sync, no world model or judge, no in-process teacher)")
+    budget = run.trainer.budget
+    if budget is not None and budget.unit in ("env_steps", "tokens_generated"):
+        raise RecipeError(f"recipe key 'trainer.budget.unit': {budget.unit!r} with a multi-env run (envs): the batch "
+                          "plan holds a budget in work within one episode for one env's plan only; use "
+                          "train_time_s or tokens_trained (a step crossing them is trained whole), or trainer.steps")
+
+
+def env_views(run: RunConfig) -> dict[str, RunConfig]:
+    """A multi-env run as each of its envs sees it, by env name: the recipe with that env's block as
+    `env`, its episodes a step as trainer.episodes_per_step and no `envs` (what one env's code reads)."""
+    mixture = env_mixture(run)
+    return {share.env.name: dataclasses.replace(run, env=share.env, envs={},
+                                                trainer=dataclasses.replace(run.trainer, episodes_per_step=count))
+            for share, count in zip(mixture, mixture_counts(run, mixture), strict=True)}
 
 
 # The sections check_consistency asks, in this order: the first rule a recipe breaks is the one named
@@ -705,7 +806,10 @@ def validate(cfg: DictConfig, schema: type = RunConfig,
             raise RecipeError(mismatch) from None
         msg = (getattr(exc, "msg", None) or str(exc)).splitlines()[0]
         raise RecipeError(f"recipe key '{key}': {msg}" if key else f"recipe: {msg}") from None
-    _check_allowed(run, {**algorithm_registries(), TRACKERS.kind: TRACKERS, **(registries or {})})
+    allowed = {**algorithm_registries(), TRACKERS.kind: TRACKERS, **(registries or {})}
+    _check_allowed(run, allowed)
+    for share in env_mixture(run) if isinstance(run, RunConfig) and run.envs else ():
+        _check_allowed(share.env, allowed, f"envs.{share.env.name}.")
     for check in checks:
         check(run)
     return run

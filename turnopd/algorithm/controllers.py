@@ -311,3 +311,38 @@ def make_depth_schedule(depth: Any, horizon: int) -> DepthSchedule:
     """The depth schedule a recipe's `depth` block names (`depth.mode`, see DEPTH_MODES), capping
     rollouts within the env's horizon (env.max_turns, the one horizon setting)."""
     return DEPTH_MODES.get(depth.mode)(depth, horizon)
+
+
+class EnvDepths:
+    """A multi-env run's depth controllers, one per env (its own horizon), each fed only its own env's
+    probes: horizons differ by an order of magnitude between envs, so one cap for a mixed batch would be
+    wrong for all. `updated` names the envs the last update_from moved."""
+
+    def __init__(self, schedules: dict[str, DepthSchedule]):
+        self.schedules = schedules
+        self.updated: list[str] = []
+
+    def update_from(self, trajectories: Sequence[Trajectory], turn_kl: Sequence[Sequence[float]]) -> bool:
+        """Each env's controller step from its own probes among a mixed batch (turn_kl[i]: trajectory
+        i's); returns whether any env had probes to update from."""
+        if len(turn_kl) != len(trajectories):
+            raise ValueError(f"{len(turn_kl)} per-turn KL lists for {len(trajectories)} trajectories")
+        self.updated = []
+        for env, schedule in self.schedules.items():
+            mine = [(t, kl) for t, kl in zip(trajectories, turn_kl, strict=True) if t.env_name == env]
+            probe_kl, probe_won = probe_statistics([t for t, _ in mine], [kl for _, kl in mine])
+            if probe_kl:
+                schedule.update(probe_kl, probe_won)
+                self.updated.append(env)
+        return bool(self.updated)
+
+    def diagnostics(self) -> dict[str, dict[str, float | bool]]:
+        """The last update's diagnostics of each env it moved."""
+        return {env: self.schedules[env].diagnostics() for env in self.updated}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {env: schedule.state_dict() for env, schedule in self.schedules.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for env, schedule in self.schedules.items():
+            schedule.load_state_dict(state[env])

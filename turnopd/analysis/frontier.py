@@ -160,18 +160,18 @@ def _required(record: dict[str, Any], key: str, where: str) -> Any:
     return record[key]
 
 
-def load_run(run_dir: str | Path, per_seed_keys: Sequence[str] = ()) -> SavedRun:
-    """Read a run folder (runs/<name>, possibly still being written). `per_seed_keys`: dotted config
-    keys that may differ between the seeds of one group besides PER_RUN_CONFIG_KEYS (an arm whose
-    trainer.budget.amount each seed matches to another run's work)."""
+def load_run(run_dir: str | Path, per_seed_keys: Sequence[str] = (), env: str | None = None) -> SavedRun:
+    """Read a run folder (runs/<name>, possibly still being written). `per_seed_keys`: dotted config keys that
+    may differ between the seeds of one group besides PER_RUN_CONFIG_KEYS (an arm whose trainer.budget.amount
+    each seed matches to another run's work); `env`: a multi-env run's one env (env_evaluation)."""
     path = Path(run_dir)
     metrics_path = path / "metrics.jsonl"
     if not metrics_path.is_file():
         nested = sorted(p.parent.name for p in path.glob("*/metrics.jsonl"))
         hint = f"; its subfolders {', '.join(nested)} are runs" if nested else ""
         raise FrontierError(f"run folder {path} has no metrics.jsonl{hint}")
-    records = read_metrics(metrics_path)
     where = str(metrics_path)
+    records = [env_evaluation(r, env, where) for r in read_metrics(metrics_path)] if env else read_metrics(metrics_path)
     starts = [r for r in records if r.get("kind") == "start"]
     start = starts[-1] if starts else {}
     if len({json.dumps(r["models"], sort_keys=True) for r in starts if r.get("models")}) > 1:
@@ -220,6 +220,24 @@ def load_run(run_dir: str | Path, per_seed_keys: Sequence[str] = ()) -> SavedRun
         teacher=float(teachers[-1]["avg_at_k"]) if teachers else None, models=start.get("models") or {},
         budget_step=budget[-1]["step"] if budget else None, budget=budget[-1] if budget else None,
     )
+
+
+EVAL_KINDS = ("eval", "final_eval", "teacher_eval")
+
+
+def env_evaluation(record: dict[str, Any], env: str, where: str) -> dict[str, Any]:
+    """An evaluation record of a multi-env run as env `env`'s alone (`turnopd frontier --env`): its
+    per_env entry, with the record's step and clocks and the env's tasks of per_task (keyed env/task).
+    A record without per_env is a single-env run's, taken as it is (to compare with the mixture's env)."""
+    per_env = record.get("per_env")
+    if record.get("kind") not in EVAL_KINDS or per_env is None:
+        return record
+    if env not in per_env:
+        raise FrontierError(f"{where}: the evaluation at step {record.get('step')} has no env {env!r}; its envs: "
+                            f"{', '.join(sorted(per_env))}")
+    prefix = f"{env}/"
+    return {**record, **per_env[env], "per_task": {task[len(prefix):]: score for task, score in
+                                                   (record.get("per_task") or {}).items() if task.startswith(prefix)}}
 
 
 def _with_defaults(config: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:

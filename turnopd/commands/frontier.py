@@ -307,9 +307,11 @@ def print_report(cmp: Comparison, runs: Sequence[SavedRun], md: bool) -> None:
 
 
 def report(run_dirs: Sequence[str | Path], baseline: str | None, md: bool, by: Axis, out: Path,
-           margin: float | None = None, work_unit: str = "env_steps", per_seed: Sequence[str] = ()) -> None:
-    """Tables on stdout and the PNG at `out`, for the given run folders (`margin` in points)."""
-    runs = [load_run(d, per_seed) for d in run_dirs]
+           margin: float | None = None, work_unit: str = "env_steps", per_seed: Sequence[str] = (),
+           env: str | None = None) -> None:
+    """Tables on stdout and the PNG at `out`, for the given run folders (`margin` in points; `env`: a
+    multi-env run's evaluations of that env alone)."""
+    runs = [load_run(d, per_seed, env) for d in run_dirs]
     cmp = compare(runs, baseline, margin=None if margin is None else margin / 100, work_unit=work_unit)
     print_report(cmp, runs, md)
     plot_frontier(cmp, runs, by, out)
@@ -324,7 +326,7 @@ def _default_plot_path(run_dirs: Sequence[str], by: Axis) -> Path:
 def frontier(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _default_plot_path(args.runs, args.by)
     try:
-        report(args.runs, args.baseline, args.md, args.by, out, args.margin, args.work_unit, args.per_seed)
+        report(args.runs, args.baseline, args.md, args.by, out, args.margin, args.work_unit, args.per_seed, args.env)
     except FrontierError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -402,6 +404,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("frontier", help="compare runs: accuracy vs training wall-clock, speedup, Pareto plot")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run folders (runs/<name>); runs in progress work")
     _add_report_args(p)
+    p.add_argument("--env", metavar="NAME", help="a multi-env run's frontier of that env alone (its held-out "
+                   "success; a single-env run is read as it is); default: the mean over the run's envs")
     p.set_defaults(func=frontier)
 
     p = sub.add_parser("sweep", help="run one recipe under several methods and seeds, then their frontier")

@@ -95,6 +95,10 @@ class StepRecord:
     # {teacher: {replica url: requests, failures, up, mean_latency_s this step}} (vllm_server teachers;
     # in one_step_off and pool, the generator process's scoring since the previous step)
     teacher_replicas: dict[str, Any] = field(default_factory=dict)
+    # a multi-env run (recipe key envs; None otherwise, and left out of the record): per env, its
+    # depth cap, probes, episodes, mean turns and success rate this step, and its controller's H_eff,
+    # H_cov and H_cov_measured when its probes updated it
+    per_env: dict[str, dict[str, Any]] | None = None
     # world-model rollouts (world_model.path; None otherwise): the step's model episodes (success_rate
     # counts their model-declared wins), their model steps, the model steps its verdicts on real episodes
     # took (world_model.verdict), real episodes without a usable verdict, the real episodes' success
@@ -118,8 +122,11 @@ class StepRecord:
     kind: str = "train"
 
     def to_json(self) -> dict[str, Any]:
-        """The record as metrics.jsonl holds it (the world-model fields only in a world-model run's)."""
+        """The record as metrics.jsonl holds it (the world-model fields only in a world-model run's, per_env
+        only in a multi-env run's)."""
         record = dataclasses.asdict(self)
+        if self.per_env is None:
+            del record["per_env"]
         if self.world_model_episodes is None:
             for name in WORLD_MODEL_FIELDS:
                 del record[name]

@@ -53,7 +53,10 @@ class StepProgress:
         if not self.enabled:
             return
         step_time = sum(record.phases.values()) or 1e-9
-        fields = dict(cap=record.rollout_depth_cap, alpha=f"{record.alpha:.2f}", success=f"{record.success_rate:.2f}",
+        per_env = (record.per_env or {}).values()  # a multi-env run: each env's cap and success, in recipe order
+        cap = "/".join(str(env["rollout_depth_cap"]) for env in per_env) or record.rollout_depth_cap
+        success = "/".join(f"{env['success_rate']:.2f}" for env in per_env) or f"{record.success_rate:.2f}"
+        fields = dict(cap=cap, alpha=f"{record.alpha:.2f}", success=success,
                       kl=f"{record.mean_kl:.3f}", tps=f"{(record.tokens_generated + record.tokens_trained) / step_time:.0f}")
         self._progress.update(self._task, completed=record.step, **fields)
         if not console.is_terminal:  # a log file gets a line per step instead of a redrawn bar

@@ -267,6 +267,7 @@ class EpisodeSummary:
     scored_tokens: int = 0  # tokens the teacher runs through to score it (trajectory_sequences)
     is_probe: bool = False  # a full-depth probe for the depth controller
     addons: dict[str, Any] = field(default_factory=dict)  # Trajectory.addons
+    env_name: str = ""  # the env it played (a multi-env run's records are per env)
 
     @property
     def failed_by_env(self) -> bool:
@@ -276,7 +277,8 @@ class EpisodeSummary:
     def of(cls, traj: Trajectory) -> EpisodeSummary:
         return cls(traj.task_id, traj.task_type, traj.success, traj.depth, traj.truncated,
                    traj.invalid_actions, traj.num_action_tokens, traj.env_error,
-                   sum(len(seq.ids) for seq in trajectory_sequences(traj, "teacher")), traj.is_probe, dict(traj.addons))
+                   sum(len(seq.ids) for seq in trajectory_sequences(traj, "teacher")), traj.is_probe, dict(traj.addons),
+                   traj.env_name)
 
 
 MAX_ERRORS_SHOWN = 2  # an error message names its game, so one cause can read as many messages

@@ -12,7 +12,9 @@ already scored: discarding them would waste their cost). The step's scored traje
 rollout source (turnopd.orchestration.pipeline, `pipeline.mode`): played here (sync), or by a
 generator process that overlaps generation with training (one_step_off, pool). Opening the run
 (checks, model builds, a resumed checkpoint) is turnopd.orchestration.startup's; the record it
-writes turnopd.orchestration.run_log's; the evaluations turnopd.orchestration.evaluation's.
+writes turnopd.orchestration.run_log's; the evaluations turnopd.orchestration.evaluation's. A
+multi-env run (recipe key `envs`) plans, plays and evaluates each env's share with that env's own
+depth controller, env pool and teacher (turnopd.orchestration.pipeline.mixture): the loop is the same.
 """
 
 from __future__ import annotations
@@ -23,8 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from envs.pool import EnvPool
-from turnopd.algorithm.controllers import DepthSchedule, loss_alpha, probe_statistics
+from turnopd.algorithm.controllers import DepthSchedule, EnvDepths, loss_alpha, probe_statistics
 from turnopd.config import RunConfig
 from turnopd.core.checkpoint import list_checkpoints
 from turnopd.core.distributed import gather_objects
@@ -33,7 +34,16 @@ from turnopd.core.progress import StepProgress, print_summary
 from turnopd.core.types import EpisodeSummary, Trajectory, build_token_batch, describe_env_errors, env_errors
 from turnopd.orchestration.addons import Addons, open_addons
 from turnopd.orchestration.evaluation import evaluate_at_start, evaluate_on_schedule
-from turnopd.orchestration.pipeline import BatchPlan, Rollouts, open_rollouts, plan_batch, work_left
+from turnopd.orchestration.pipeline import (
+    BatchPlan,
+    EnvPools,
+    MixturePlan,
+    Rollouts,
+    open_pools,
+    open_rollouts,
+    plan_step,
+    work_left,
+)
 from turnopd.orchestration.run_log import step_record
 from turnopd.orchestration.startup import DistillRun, open_run, save_checkpoint
 
@@ -49,18 +59,20 @@ def train(run: DistillRun, stop: StopSignals) -> dict[str, Any]:
     stop at a step boundary when a stop signal came (turnopd.core.interrupt)."""
     cfg, setup, ledger, log, trainer, depth = run.cfg, run.setup, run.ledger, run.log, run.trainer, run.depth
     summary: dict[str, Any] = {"run_dir": str(run.run_dir), "start_step": run.start_step, "teacher_eval": None}
-    with (EnvPool.for_config(setup.spec, cfg.env) as pool, open_addons(run, pool) as addons,
-          open_rollouts(cfg, setup, trainer=trainer, policy=run.policy, pool=pool, teachers=run.teachers,
-                        depth=depth, ledger=ledger, start_step=run.start_step, addons=addons) as rollouts):
+    with (open_pools(cfg, setup) as pools, open_addons(run, pools.first) as addons,
+          open_rollouts(cfg, setup, trainer=trainer, policy=run.policy, pool=pools.first, pools=pools,
+                        teachers=run.teachers, depth=depth, ledger=ledger, start_step=run.start_step,
+                        addons=addons) as rollouts):
         if run.start_step == 0:
-            summary.update(stop.abortable(partial(evaluate_at_start, cfg, setup, pool, run.policy, log), {}))
+            summary.update(stop.abortable(partial(evaluate_at_start, cfg, setup, pools, run.policy, log), {}))
             addons.between_steps()
             stop_if_asked(run, stop, run.start_step, checkpointed=True)
         progress = StepProgress(cfg.trainer.steps, run.start_step, enabled=log.is_main)
         for step in range(run.start_step, cfg.trainer.steps):
             if run.budget_reached:  # trainer.budget: the last step was the one before
                 break
-            plan = plan_batch(depth, step, cfg, work_left(cfg, run.spent))  # trainer.budget: what is left
+            # each env's share with its own cap (a multi-env run); only what trainer.budget leaves
+            plan = plan_step(depth, step, cfg, work_left(cfg, run.spent))
             trajectories = rollouts.take(plan)  # the ledger's rollout (or probe) phase, or trainer_idle
             episodes = all_ranks_episodes(trajectories, step, run.run_dir)
             outcome_fields = run.outcomes.apply(trajectories, episodes)
@@ -83,7 +95,7 @@ def train(run: DistillRun, stop: StopSignals) -> dict[str, Any]:
             log.train(record)
             progress.update(record)
             run.spent.add(record)
-            summary.update(end_step(run, stop, pool, addons, done))  # evaluation and checkpoint, off the clock
+            summary.update(end_step(run, stop, pools, addons, done))  # evaluation and checkpoint, off the clock
         progress.close()
 
     summary.update(train_time_s=ledger.train_time(), wall_time_s=ledger.wall_time(), phases=dict(ledger.totals),
@@ -94,14 +106,14 @@ def train(run: DistillRun, stop: StopSignals) -> dict[str, Any]:
     return summary
 
 
-def end_step(run: DistillRun, stop: StopSignals, pool: EnvPool, addons: Addons, done: int) -> dict[str, Any]:
+def end_step(run: DistillRun, stop: StopSignals, pools: EnvPools, addons: Addons, done: int) -> dict[str, Any]:
     """After step `done`'s record: evaluate and checkpoint on schedule and after the last step (all
     steps, or trainer.budget reached: said in the record), then stop if a signal asked."""
     cfg, budget = run.cfg, run.cfg.trainer.budget
     last = done == cfg.trainer.steps or run.budget_reached
     if run.budget_reached and done < cfg.trainer.steps:
         run.log.budget_reached(done, budget.unit, budget.amount, getattr(run.spent, budget.unit))
-    results = stop.abortable(partial(evaluate_on_schedule, cfg, run.setup, pool, run.policy, run.log, done, last), {})
+    results = stop.abortable(partial(evaluate_on_schedule, cfg, run.setup, pools, run.policy, run.log, done, last), {})
     checkpointed = bool(cfg.checkpoint.every and done % cfg.checkpoint.every == 0) or last
     if checkpointed:
         with run.ledger.phase("checkpoint"):
@@ -118,7 +130,7 @@ def prepare_next(run: DistillRun, rollouts: Rollouts, plan: BatchPlan) -> None:
     made: if this step leaves the budget unreached, the next one is planned and generated when it starts."""
     left = work_left(run.cfg, run.spent, ahead=plan)
     if left is None or left > 0:
-        rollouts.prepare(plan_batch(run.depth, plan.step + 1, run.cfg, left))
+        rollouts.prepare(plan_step(run.depth, plan.step + 1, run.cfg, left))
 
 
 def all_ranks_episodes(trajectories: list[Trajectory], step: int, run_dir: Path) -> list[EpisodeSummary]:
@@ -137,14 +149,18 @@ def step_alpha(cfg: RunConfig, step: int) -> float:
     return loss_alpha(step, cfg.trainer.steps, cfg.loss.alpha_start, cfg.loss.alpha_end, cfg.loss.alpha_schedule)
 
 
-def update_depth(depth: DepthSchedule, plan: BatchPlan, trajectories: list[Trajectory],
+def update_depth(depth: DepthSchedule | EnvDepths, plan: BatchPlan | MixturePlan, trajectories: list[Trajectory],
                  turn_kl: list[list[float]]) -> bool:
     """The depth controller's update from the step's probes (all ranks'), with the train step's
-    per-turn KL (the exact one where the estimator computes it); the next plans' caps follow.
-    Returns whether it updated (a probe batch the env ended entirely gives it nothing)."""
+    per-turn KL (the exact one where the estimator computes it); the next plans' caps follow (a
+    multi-env run's controllers each from its own env's probes). Returns whether it updated (a probe
+    batch the env ended entirely gives it nothing)."""
     if not plan.probes:
         return False
-    probe_kl, probe_won = probe_statistics([t for part in gather_objects(trajectories) for t in part], turn_kl)
+    everyone = [t for part in gather_objects(trajectories) for t in part]
+    if isinstance(depth, EnvDepths):
+        return depth.update_from(everyone, turn_kl)
+    probe_kl, probe_won = probe_statistics(everyone, turn_kl)
     if probe_kl:
         depth.update(probe_kl, probe_won)
     return bool(probe_kl)

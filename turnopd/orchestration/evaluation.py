@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from turnopd.core.distributed import gather_objects, rank_and_world
 from turnopd.core.progress import EpisodeProgress
 from turnopd.core.types import EpisodeSummary, env_errors
 from turnopd.loaders.hf_models import load_model
+from turnopd.orchestration.pipeline import env_parts
 from turnopd.orchestration.preflight import Setup
 from turnopd.orchestration.run_log import RunLog
 from turnopd.rollout import Policy, make_policy
@@ -42,30 +44,47 @@ def run_eval(cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Policy, step: 
                       sum(e.depth for e in episodes) / len(episodes), env_errors(episodes), per_task)
 
 
-def evaluate_at_start(cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Policy, log: RunLog) -> dict[str, Any]:
-    """Step 0 of a new run: the teacher (eval.teacher) and the student before training (eval.at_start)."""
+def over_envs(cfg: RunConfig, setup: Setup, evaluation: Callable[[RunConfig, Setup, str], EvalResult]
+              ) -> EvalResult:
+    """`evaluation(cfg, setup, env)` of the run's env, or of each env of a multi-env run (with the recipe
+    as that env sees it and its own held-out tasks), combined (EvalResult.mixed)."""
+    results = {env: evaluation(view, part, env) for env, (view, part) in env_parts(cfg, setup).items()}
+    return EvalResult.mixed(results) if cfg.envs else results[cfg.env.name]
+
+
+def student_eval(cfg: RunConfig, setup: Setup, pools: dict[str, EnvPool], policy: Policy, step: int,
+                 k: int | None = None) -> EvalResult:
+    """The student's Avg@k (run_eval) on every env of the run, each in its own pool."""
+    return over_envs(cfg, setup, lambda view, part, env: run_eval(view, part, pools[env], policy, step, k))
+
+
+def evaluate_at_start(cfg: RunConfig, setup: Setup, pools: dict[str, EnvPool], policy: Policy,
+                      log: RunLog) -> dict[str, Any]:
+    """Step 0 of a new run: the teachers (eval.teacher: each on its env) and the student before training
+    (eval.at_start)."""
     results: dict[str, Any] = {}
     if cfg.eval.teacher:
-        results["teacher_eval"] = log.evaluate("teacher_eval", 0, lambda: evaluate_teacher(
-            cfg, setup, setup.teacher_specs[cfg.env.name], pool))
+        results["teacher_eval"] = log.evaluate("teacher_eval", 0, lambda: over_envs(
+            cfg, setup, lambda view, part, env: evaluate_teacher(view, part, part.teacher_specs[env], pools[env])))
     if cfg.eval.at_start:
-        results["eval_before"] = log.evaluate("eval", 0, lambda: run_eval(cfg, setup, pool, policy, 0))
+        results["eval_before"] = log.evaluate("eval", 0, lambda: student_eval(cfg, setup, pools, policy, 0))
     log.ledger.end_step()  # their time is not step 1's
     return results
 
 
-def evaluate_on_schedule(cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Policy, log: RunLog,
+def evaluate_on_schedule(cfg: RunConfig, setup: Setup, pools: dict[str, EnvPool], policy: Policy, log: RunLog,
                          done: int, last: bool) -> dict[str, Any]:
     """After `done` steps: every eval.every steps, and after the `last` step (all steps, or the
     training budget reached) the student's Avg@eval.k and, with eval.final_k, a sampled
     Avg@final_k beside the greedy curve."""
     if last:
-        results = {"eval_after": log.evaluate("eval", done, lambda: run_eval(cfg, setup, pool, policy, done))}
+        results = {"eval_after": log.evaluate("eval", done, lambda: student_eval(cfg, setup, pools, policy, done))}
         if cfg.eval.final_k:
-            log.evaluate("final_eval", done, lambda: run_eval(cfg, setup, pool, policy, done, k=cfg.eval.final_k))
+            log.evaluate("final_eval", done,
+                         lambda: student_eval(cfg, setup, pools, policy, done, k=cfg.eval.final_k))
         return results
     if cfg.eval.every and done % cfg.eval.every == 0:
-        log.evaluate("eval", done, lambda: run_eval(cfg, setup, pool, policy, done))
+        log.evaluate("eval", done, lambda: student_eval(cfg, setup, pools, policy, done))
     return {}
 
 

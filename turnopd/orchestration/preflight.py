@@ -18,22 +18,31 @@ RECIPE --dry-run`. Each model's origin is returned as a note, printed by the dry
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from omegaconf import OmegaConf
+from transformers import AutoTokenizer
 
 from envs import make_env_spec
 from envs.base import EnvSpec, split_tasks
-from teachers import TEACHER_BACKENDS, TeacherSpec, TeacherSpecError, load_teacher_spec
+from teachers import (
+    TEACHER_BACKENDS,
+    TeacherSpec,
+    TeacherSpecError,
+    TokenizerMismatchError,
+    check_tokenizers,
+    load_teacher_spec,
+)
 from teachers.spec import served_model_name
 from turnopd.algorithm.objective import ESTIMATORS
-from turnopd.config import ModelConfig, RecipeError, RunConfig, to_yaml
+from turnopd.config import EnvConfig, ModelConfig, RecipeError, RunConfig, env_mixture, to_yaml
 from turnopd.core.checkpoint import list_checkpoints, saved_world_size
 from turnopd.core.distributed import rank_and_world
 from turnopd.orchestration.sweep import run_state
@@ -159,6 +168,8 @@ class Setup:
     eval_split: str
     student_path: Path
     teacher_specs: dict[str, TeacherSpec]
+    # a multi-env run: each env's own Setup, by env name (this one is the first env's); empty: one env
+    envs: dict[str, Setup] = field(default_factory=dict)
 
 
 def scoring_topk(cfg: RunConfig) -> int:
@@ -199,6 +210,24 @@ def check_backends(cfg: RunConfig, teacher_specs: dict[str, TeacherSpec]) -> Non
         require_vllm("recipe key 'policy.backend': 'vllm'")
 
 
+def check_local_tokenizers(student_path: Path, teacher_specs: dict[str, TeacherSpec]) -> None:
+    """Each teacher's tokenizer against the student's where both are local folders already, before any
+    model is built or loaded (the others are checked as they load, turnopd.orchestration.startup): a
+    teacher scores the student's own token ids, so it must tokenize as the student does."""
+    if not student_path.is_dir():
+        return
+    student = None
+    for env, spec in teacher_specs.items():
+        folder = Path(spec.tokenizer or spec.model).expanduser()
+        if not folder.is_dir():
+            continue
+        student = student or AutoTokenizer.from_pretrained(student_path)
+        try:
+            check_tokenizers(student, AutoTokenizer.from_pretrained(folder), str(student_path), spec.name)
+        except TokenizerMismatchError as exc:
+            raise RecipeError(f"recipe key 'teachers.{env}': {exc}") from None
+
+
 def require_vllm(what: str) -> None:
     if importlib.util.find_spec("vllm") is None:
         raise RecipeError(f"{what} needs vLLM, which is not installed here (pip install 'turnopd[vllm]', or "
@@ -208,9 +237,6 @@ def require_vllm(what: str) -> None:
 def check_setup(cfg: RunConfig) -> tuple[Setup, list[str]]:
     """The Setup of a validated distillation recipe, with notes on where each model comes from.
     Loads no model and contacts no server."""
-    spec = make_env_spec(cfg.env, cfg.data_dir)
-    _, train_tasks, eval_split, eval_tasks = train_and_eval_tasks(spec, cfg.env, eval_split=cfg.eval.split,
-                                                                   max_eval_tasks=cfg.eval.max_tasks)
     notes = [f"student: {check_student(cfg.student)}"]
     teacher_specs = {}
     for env, path in cfg.teachers.items():
@@ -220,6 +246,7 @@ def check_setup(cfg: RunConfig) -> tuple[Setup, list[str]]:
             raise RecipeError(f"recipe key 'teachers.{env}': {exc}") from None
         notes.append(f"teacher for {env}: {check_teacher(teacher_specs[env])}")
     check_backends(cfg, teacher_specs)
+    check_local_tokenizers(Path(cfg.student.path).expanduser(), teacher_specs)
     if cfg.world_model.path is not None:
         try:
             meta = load_world_model_meta(cfg.world_model.path, cfg.env.name)
@@ -228,8 +255,17 @@ def check_setup(cfg: RunConfig) -> tuple[Setup, list[str]]:
         notes.append(f"world model: {cfg.world_model.path} (held-out status accuracy "
                      f"{100 * meta['result']['fidelity']['all']['status_accuracy']:.0f}%); "
                      f"{100 * cfg.world_model.real_fraction:.0f}% of the non-probe episodes play the real env")
-    setup = Setup(spec, train_tasks, eval_tasks, eval_split, Path(cfg.student.path).expanduser(), teacher_specs)
-    return setup, notes
+    envs = {share.env.name: env_setup(cfg, share.env, teacher_specs) for share in env_mixture(cfg)}
+    setup = next(iter(envs.values()))
+    return (dataclasses.replace(setup, envs=envs) if cfg.envs else setup), notes
+
+
+def env_setup(cfg: RunConfig, env: EnvConfig, teacher_specs: dict[str, TeacherSpec]) -> Setup:
+    """One env's Setup: its spec and its train and held-out tasks."""
+    spec = make_env_spec(env, cfg.data_dir)
+    _, train_tasks, eval_split, eval_tasks = train_and_eval_tasks(spec, env, eval_split=cfg.eval.split,
+                                                                   max_eval_tasks=cfg.eval.max_tasks)
+    return Setup(spec, train_tasks, eval_tasks, eval_split, Path(cfg.student.path).expanduser(), teacher_specs)
 
 
 class RunComplete(Exception):
@@ -305,8 +341,9 @@ def dry_run(cfg: RunConfig, resume: str | None = None) -> dict[str, Any]:
     what was checked and where each model will come from, and stop."""
     setup, notes = check_setup(cfg)
     run_dir, resuming = run_dir_for(cfg, resume)
-    print(f"recipe OK: env {cfg.env.name} ({len(setup.train_tasks)} train / {len(setup.eval_tasks)} "
-          f"{setup.eval_split} tasks), student {cfg.student.path}, teachers "
+    envs = ", ".join(f"{env} ({len(part.train_tasks)} train / {len(part.eval_tasks)} {part.eval_split} tasks)"
+                     for env, part in (setup.envs or {cfg.env.name: setup}).items())
+    print(f"recipe OK: env {envs}, student {cfg.student.path}, teachers "
           f"{ {env: s.model for env, s in setup.teacher_specs.items()} }, run dir {run_dir}{' (resumed)' if resuming else ''}, "
           f"data folder {getattr(setup.spec, 'root', None) or 'none (the env reads no task data)'}")
     for note in notes:

@@ -20,7 +20,15 @@ from omegaconf import DictConfig, OmegaConf
 from envs import ENVS, make_env_spec
 from envs.base import EnvSettingError, shows_screenshots
 from turnopd.algorithm.objective import ESTIMATORS
-from turnopd.config import EnvConfig, RecipeError, RunConfig, check_consistency, compose, validate
+from turnopd.config import (
+    EnvConfig,
+    RecipeError,
+    RunConfig,
+    check_consistency,
+    compose,
+    env_mixture,
+    validate,
+)
 from turnopd.core.data import REPO_ROOT, DataNotFoundError
 from turnopd.core.registry import Registry
 from turnopd.models import MODEL_PREPARERS
@@ -36,15 +44,19 @@ BACKEND_REGISTRIES: dict[str, Registry] = {r.kind: r for r in (ENVS, POLICY_BACK
 
 def check_env(cfg: Any) -> None:
     """The env's own checks of its block (task types, options, template) and of its data, run when the
-    recipe is checked: its message, on one line, instead of a traceback at start-up."""
-    try:
-        make_env_spec(cfg.env, cfg.data_dir)
-    except DataNotFoundError as exc:
-        raise RecipeError(f"recipe key 'data_dir': {' '.join(str(exc).split())}") from None
-    except (ValueError, FileNotFoundError, KeyError, ImportError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        key = f"'env.{exc.key}'" if isinstance(exc, EnvSettingError) else f"'env' (env {cfg.env.name})"
-        raise RecipeError(f"recipe key {key}: {' '.join(str(message).split())}") from None
+    recipe is checked: its message, on one line, instead of a traceback at start-up. A multi-env run's
+    envs each (their keys named envs.<name>.*)."""
+    mixed = isinstance(cfg, RunConfig) and bool(cfg.envs)
+    for env in [share.env for share in env_mixture(cfg)] if mixed else [cfg.env]:
+        block = f"envs.{env.name}" if mixed else "env"
+        try:
+            make_env_spec(env, cfg.data_dir)
+        except DataNotFoundError as exc:
+            raise RecipeError(f"recipe key 'data_dir': {' '.join(str(exc).split())}") from None
+        except (ValueError, FileNotFoundError, KeyError, ImportError) as exc:
+            message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+            key = f"'{block}.{exc.key}'" if isinstance(exc, EnvSettingError) else f"'{block}' (env {env.name})"
+            raise RecipeError(f"recipe key {key}: {' '.join(str(message).split())}") from None
 
 
 def check_pipeline(cfg: RunConfig) -> None:
@@ -75,7 +87,12 @@ def check_screenshots(cfg: RunConfig) -> None:
     step: the transformers policy (it fetches the images of a generation batch), the sync pipeline
     (nothing plays while the step's screenshots are freed), a teacher that scores from the batch (the
     in-process full estimator would read the student's image tokens, not the teacher's text), no judge
-    and no world model (their prompts have no images)."""
+    and no world model (their prompts have no images); a multi-env run none (its pixel store and the
+    student's screenshots are one env's)."""
+    screenshots = [env for env in cfg.envs if shows_screenshots(ENVS.get(env))]
+    if screenshots:
+        raise RecipeError(f"recipe key 'envs': env {screenshots[0]!r} shows screenshots; a multi-env run plays "
+                          "text envs (its pixel store and the student's screenshots are one env's)")
     if not shows_screenshots(ENVS.get(cfg.env.name)):
         return
     why = {"policy.backend": (cfg.policy.backend != "transformers", "only the transformers policy takes images"),

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from turnopd.algorithm.controllers import DepthSchedule
+from turnopd.algorithm.controllers import DepthSchedule, EnvDepths
 from turnopd.algorithm.objective import turn_kl_profile
 from turnopd.algorithm.world_model_corrections import debiased_mean
 from turnopd.analysis.plot import plot_run
@@ -24,7 +24,7 @@ from turnopd.core.tracking import TRACKERS, TrackedRun
 from turnopd.core.types import EpisodeSummary, Trajectory, env_errors
 from turnopd.loaders.screens import ScreenPixels
 from turnopd.models import weights_fingerprint
-from turnopd.orchestration.pipeline import BatchPlan, PipelineStats
+from turnopd.orchestration.pipeline import BatchPlan, MixturePlan, PipelineStats, per_env_fields
 from turnopd.orchestration.preflight import Setup
 from turnopd.rollout.eval import EvalResult
 from turnopd.rollout.world_model_pool import trace_of
@@ -75,8 +75,9 @@ class RunLog:
         if not self.is_main:
             return
         who = "teacher" if kind == "teacher_eval" else f"student at step {step}"
+        envs = "".join(f"; {env} {100 * r.avg_at_k:.1f}% on {r.num_tasks}" for env, r in result.per_env.items())
         print(f"{who}: Avg@{result.k} {100 * result.avg_at_k:.1f}% on {result.num_tasks} {result.split} tasks "
-              f"(mean {result.mean_turns:.1f} turns)", flush=True)
+              f"(mean {result.mean_turns:.1f} turns{envs})", flush=True)
         if result.env_failures:
             print(f"WARNING: {who} eval: {result.describe_env_failures()}; they count as lost", flush=True)
         record = {"kind": kind, "step": step, "train_time_s": train_time_s, "eval_time_s": eval_time_s,
@@ -115,8 +116,8 @@ def model_builds(setup: Setup) -> dict[str, dict[str, Any]]:
     return {role: {"path": str(path), "weights": weights_fingerprint(path)} for role, path in models.items()}
 
 
-def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: DepthSchedule, plan: BatchPlan,
-                updated: bool, alpha: float, train: StepResult, episodes: list[EpisodeSummary],
+def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: DepthSchedule | EnvDepths,
+                plan: BatchPlan | MixturePlan, updated: bool, alpha: float, train: StepResult, episodes: list[EpisodeSummary],
                 pipeline: PipelineStats, teacher_replicas: dict[str, Any]) -> StepRecord:
     """One optimizer step's record. The work measures beside the clock: tokens generated, scored by
     the teacher and trained, env steps."""
@@ -144,7 +145,8 @@ def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: Dept
         truncated_rate=sum(e.truncated for e in episodes) / len(episodes),
         invalid_action_rate=sum(e.invalid_actions for e in episodes) / max(turns, 1),
         env_failures=sum(e.failed_by_env for e in episodes), env_errors=env_errors(episodes),
-        teacher_replicas=teacher_replicas, **(world_model_fields(episodes) if world_model else {}))
+        teacher_replicas=teacher_replicas, **(world_model_fields(episodes) if world_model else {}),
+        per_env=per_env_fields(depth, plan, updated, episodes) if isinstance(plan, MixturePlan) else None)
 
 
 def screenshot_fields(screens: ScreenPixels, trajectories: list[Trajectory], train: StepResult) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import torch
 from envs.base import shows_screenshots
 from teachers import Teacher, check_tokenizers, make_teachers
 from teachers.vllm_server import check_server
-from turnopd.algorithm.controllers import DepthSchedule, make_depth_schedule
+from turnopd.algorithm.controllers import DepthSchedule, EnvDepths
 from turnopd.algorithm.objective import ESTIMATORS
 from turnopd.config import RecipeError, RunConfig
 from turnopd.core import checkpoint as ckpt
@@ -31,6 +31,7 @@ from turnopd.loaders.hf_models import load_student
 from turnopd.loaders.screens import ScreenPixels, attach_screens
 from turnopd.models import prepare_model
 from turnopd.orchestration.outcomes import Outcomes
+from turnopd.orchestration.pipeline import make_depth
 from turnopd.orchestration.preflight import Setup, check_setup, run_dir_for
 from turnopd.orchestration.run_log import RunLog
 from turnopd.orchestration.sft import build_missing_teacher
@@ -59,7 +60,7 @@ class DistillRun:
     tokenizer: Any
     policy: Policy
     teachers: dict[str, Teacher]
-    depth: DepthSchedule
+    depth: DepthSchedule | EnvDepths  # a multi-env run's: one per env
     spent: WorkSpent  # the training clock and work so far (trainer.budget counts in them)
     outcomes: Outcomes  # the outcome rewards' state (WMRL's corrections)
     screens: ScreenPixels | None = None  # an env that shows screenshots: the student's pixels, by key
@@ -181,7 +182,7 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> DistillRun:
     trainer.images = screens  # a student that reads screenshots trains on their pixels
     for teacher in (t for t in teachers.values() if t.reads_screenshots):
         attach_screens(setup.spec, teacher.model_dir, teacher)  # a VLM teacher: its own processor
-    depth = make_depth_schedule(cfg.depth, horizon=cfg.env.max_turns)
+    depth = make_depth(cfg)
     outcomes = Outcomes(cfg)
 
     start_step, ledger, spent = 0, Ledger(), WorkSpent()

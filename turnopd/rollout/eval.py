@@ -28,6 +28,7 @@ class EvalResult:
     env_errors: dict[str, int] = field(default_factory=dict)  # episodes the env ended, by error (they count as lost)
     per_task: dict[str, float] = field(default_factory=dict)  # task id -> its successes / k (for paired intervals)
     trajectories: list[Trajectory] = field(default_factory=list, repr=False)
+    per_env: dict[str, EvalResult] = field(default_factory=dict)  # a multi-env run's: each env's (see mixed)
 
     @property
     def env_failures(self) -> int:
@@ -38,13 +39,35 @@ class EvalResult:
         return describe_env_errors(self.env_errors, self.num_tasks * self.k)
 
     def record(self) -> dict:
-        return {"split": self.split, "k": self.k, "avg_at_k": self.avg_at_k, "per_type": self.per_type,
-                "num_tasks": self.num_tasks, "mean_turns": self.mean_turns, "env_failures": self.env_failures,
-                "env_errors": self.env_errors, "per_task": self.per_task}
+        record = {"split": self.split, "k": self.k, "avg_at_k": self.avg_at_k, "per_type": self.per_type,
+                  "num_tasks": self.num_tasks, "mean_turns": self.mean_turns, "env_failures": self.env_failures,
+                  "env_errors": self.env_errors, "per_task": self.per_task}
+        if self.per_env:  # each env's tasks are in per_task already, as env/task
+            record["per_env"] = {env: {k: v for k, v in result.record().items() if k != "per_task"}
+                                 for env, result in self.per_env.items()}
+        return record
 
     @classmethod
     def from_record(cls, record: dict) -> EvalResult:
-        return cls(**{k: v for k, v in record.items() if k != "env_failures"})
+        per_env = {env: cls.from_record(r) for env, r in record.get("per_env", {}).items()}
+        return cls(**{k: v for k, v in record.items() if k not in ("env_failures", "per_env")}, per_env=per_env)
+
+    @classmethod
+    def mixed(cls, per_env: dict[str, EvalResult]) -> EvalResult:
+        """A multi-env run's evaluation from each env's: Avg@k the mean of the envs' (each env weighs the
+        same, however many held-out tasks it has, as each is one task family of the generalist), per
+        type and per task keyed env/name, mean turns over all episodes, the env errors summed."""
+        results = list(per_env.values())
+        tasks = sum(r.num_tasks for r in results)
+        errors: dict[str, int] = defaultdict(int)
+        for result in results:
+            for message, count in result.env_errors.items():
+                errors[message] += count
+        return cls("+".join(f"{env}:{r.split}" for env, r in per_env.items()), results[0].k,
+                   sum(r.avg_at_k for r in results) / len(results),
+                   {f"{env}/{t}": v for env, r in per_env.items() for t, v in r.per_type.items()}, tasks,
+                   sum(r.mean_turns * r.num_tasks for r in results) / tasks, dict(errors),
+                   {f"{env}/{t}": v for env, r in per_env.items() for t, v in r.per_task.items()}, per_env=per_env)
 
 
 def avg_at_k(trajectories: list[Trajectory], k: int) -> tuple[float, dict[str, float], dict[str, float]]:

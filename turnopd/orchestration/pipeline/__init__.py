@@ -29,14 +29,24 @@ pool step takes only its plan's episodes (docs/recipes.md, Training budgets).
 from turnopd.orchestration.pipeline import generator, in_process  # noqa: F401  (register the modes)
 from turnopd.orchestration.pipeline.base import PIPELINE_MODES, PipelineMode, PipelineStats, Rollouts
 from turnopd.orchestration.pipeline.generator import GeneratorError
+from turnopd.orchestration.pipeline.mixture import (
+    EnvPools,
+    MixturePlan,
+    env_parts,
+    make_depth,
+    open_pools,
+    per_env_fields,
+    plan_step,
+)
 from turnopd.orchestration.pipeline.plan import BatchPlan, plan_batch, sample_tasks, scoring_topk, work_left
 
 
 def open_rollouts(cfg, setup, **backends):
     """The rollout source of `cfg.pipeline.mode`, as a context manager. backends: trainer, policy, pool,
-    teachers, depth, ledger, start_step (each mode takes what it uses)."""
+    pools (every env's, by name), teachers, depth, ledger, start_step (each mode takes what it uses)."""
     return PIPELINE_MODES.get(cfg.pipeline.mode).open(cfg, setup, **backends)
 
 
-__all__ = ["PIPELINE_MODES", "BatchPlan", "GeneratorError", "PipelineMode", "PipelineStats", "Rollouts",
-           "open_rollouts", "plan_batch", "sample_tasks", "scoring_topk", "work_left"]
+__all__ = ["PIPELINE_MODES", "BatchPlan", "EnvPools", "GeneratorError", "MixturePlan", "PipelineMode",
+           "PipelineStats", "Rollouts", "env_parts", "make_depth", "open_pools", "open_rollouts", "per_env_fields",
+           "plan_batch", "plan_step", "sample_tasks", "scoring_topk", "work_left"]

@@ -15,6 +15,7 @@ from turnopd.config import RunConfig
 from turnopd.core.ledger import Ledger
 from turnopd.core.types import Trajectory
 from turnopd.orchestration.pipeline.base import PIPELINE_MODES, PipelineMode, PipelineStats
+from turnopd.orchestration.pipeline.mixture import MixturePlan, play_mixture
 from turnopd.orchestration.pipeline.plan import BatchPlan, play_and_score, step_episodes
 from turnopd.orchestration.preflight import Setup
 from turnopd.rollout import Policy
@@ -25,14 +26,18 @@ class InProcessRollouts:
     takes them, with the weights the loop has just given the policy."""
 
     def __init__(self, cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Policy,
-                 teachers: dict[str, Teacher], ledger: Ledger, addons: Any = None):
-        self.cfg, self.setup, self.pool, self.policy = cfg, setup, pool, policy
+                 teachers: dict[str, Teacher], ledger: Ledger, addons: Any = None,
+                 pools: dict[str, EnvPool] | None = None):
+        self.cfg, self.setup, self.pool, self.policy, self.pools = cfg, setup, pool, policy, pools
         self.teachers, self.ledger, self.addons = teachers, ledger, addons
         self._stats = PipelineStats("sync")
 
-    def take(self, plan: BatchPlan) -> list[Trajectory]:
+    def take(self, plan: BatchPlan | MixturePlan) -> list[Trajectory]:
         """Step `plan.step`'s episodes, played and scored now (with the run's add-ons:
-        turnopd.orchestration.addons)."""
+        turnopd.orchestration.addons; a multi-env run's, which has none, in each env's pool)."""
+        if isinstance(plan, MixturePlan):
+            self._stats = PipelineStats("sync", weight_version=plan.step)
+            return play_mixture(self.cfg, self.setup, self.pools, self.policy, self.teachers, plan, self.ledger)
         world, judge = (self.addons.world, self.addons.judge) if self.addons is not None else (None, None)
         if self.addons is not None:
             self.addons.start_batch(plan.step)
@@ -58,8 +63,9 @@ class InProcessRollouts:
 
 @contextmanager
 def _open_in_process(cfg: RunConfig, setup: Setup, *, policy: Policy, pool: EnvPool, teachers: dict[str, Teacher],
-                     ledger: Ledger, addons: Any = None, **_: Any) -> Iterator[InProcessRollouts]:
-    yield InProcessRollouts(cfg, setup, pool, policy, teachers, ledger, addons)
+                     ledger: Ledger, addons: Any = None, pools: dict[str, EnvPool] | None = None,
+                     **_: Any) -> Iterator[InProcessRollouts]:
+    yield InProcessRollouts(cfg, setup, pool, policy, teachers, ledger, addons, pools)
 
 
 PIPELINE_MODES.register("sync")(PipelineMode(open=_open_in_process, off_policy=False))
