@@ -36,10 +36,9 @@ def _run(*args: str) -> str:
     return done.stdout
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory, tiny_model_dir) -> tuple[Path, Path]:
-    """The loop's models, and a world model trained on a few expert and student episodes of them."""
-    root = loop_models(tmp_path_factory.mktemp("wm"), tiny_model_dir, RECIPE)
+def write_world_model_recipe(root: Path, tiny_model_dir: Path) -> Path:
+    """root/world_model.yaml: a world model of the loop's games, trained for 40 steps on 3 expert and 2
+    episodes of root/student, written to root/world-model."""
     recipe = root / "world_model.yaml"
     recipe.write_text(yaml.safe_dump({
         "name": "wm-smoke",
@@ -52,6 +51,14 @@ def world(tmp_path_factory, tiny_model_dir) -> tuple[Path, Path]:
         "max_observation_tokens": 48, "batch_turns": 8, "policy": {"max_new_tokens": 6},
         "trainer": {"steps": 40, "lr": 3.0e-3}, "output_dir": str(root / "world-model"),
     }))
+    return recipe
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, tiny_model_dir) -> tuple[Path, Path]:
+    """The loop's models, and a world model trained on a few expert and student episodes of them."""
+    root = loop_models(tmp_path_factory.mktemp("wm"), tiny_model_dir, RECIPE)
+    recipe = write_world_model_recipe(root, tiny_model_dir)
     out = _run("world-model", "train", str(recipe))
     assert "held-out fidelity on valid_seen" in out
     return root, root / "world-model"

@@ -21,10 +21,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests import test_screenshots as shots
 from tests.conftest import TINY_MODEL_SIZE, child_env, loop_models, tiny_model_dir  # noqa: F401 (a fixture)
+from tests.test_world_model_rollouts import write_world_model_recipe
 
 OUT = Path(os.environ.get("EQ_OUT", "/tmp/eq"))
 TIMING = ("time", "_s", "busy", "phases", "train_parts", "rate", "seconds", "idle", "wall", "clock")
@@ -71,18 +71,7 @@ def test_loop(root, case, overrides):
 
 
 def test_world_model(root, tiny_model_dir):  # noqa: F811
-    recipe = root / "world_model.yaml"
-    recipe.write_text(yaml.safe_dump({
-        "name": "wm-smoke",
-        "env": {"name": "alfworld", "task_types": ["look_at_obj_in_light"], "max_turns": 8, "num_workers": 1,
-                "answer_format": "action", "history_length": 1, "eval_split": "valid_seen"},
-        "model": {"path": str(root / "wm-init"), "prepare": "tiny",
-                  "prepare_options": {"tokenizer": str(tiny_model_dir), **TINY_MODEL_SIZE}},
-        "data": {"expert_episodes": 3, "student": {"path": str(root / "student")}, "student_episodes": 2,
-                 "held_out_episodes": 2},
-        "max_observation_tokens": 48, "batch_turns": 8, "policy": {"max_new_tokens": 6},
-        "trainer": {"steps": 40, "lr": 3.0e-3}, "output_dir": str(root / "world-model"),
-    }))
+    recipe = write_world_model_recipe(root, tiny_model_dir)
     run("world-model", "train", str(recipe))
     wm = root / "world-model"
     for case, extra in [("wm_replay", ["world_model.verdict=replay", "world_model.samples=2"]),
