@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests import test_screenshots as shots
-from tests.conftest import TINY_MODEL_SIZE, child_env, loop_models, tiny_model_dir  # noqa: F401 (a fixture)
+from tests.conftest import child_env, loop_models, tiny_model_dir  # noqa: F401 (a fixture)
 from tests.test_world_model_rollouts import write_world_model_recipe
 
 OUT = Path(os.environ.get("EQ_OUT", "/tmp/eq"))
