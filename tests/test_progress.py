@@ -40,6 +40,17 @@ def test_a_log_gets_a_line_per_step_and_each_env_failure_is_named():
     assert len(lines) == 3
 
 
+def test_a_long_step_line_stays_one_line_in_a_log():
+    with progress.console.capture() as captured:
+        clock = FakeClock()
+        bar = StepProgress(total_steps=4800, clock=clock)
+        clock.now = 700.0  # 700 s a step: 4799 steps left take 933.1 h, and the line passes 80 characters
+        bar.update(_record(1, {}))
+        bar.close()
+    (line,) = [line for line in captured.get().splitlines() if line.startswith("step ")]
+    assert len(line) > 80 and line.startswith("step 1/4800: ") and line.endswith(", 7 s, ETA 933.1 h"), line
+
+
 def test_an_evaluation_in_a_log_prints_a_line_every_30_s_and_one_at_the_end():
     clock = FakeClock()
     with progress.console.capture() as captured, EpisodeProgress("eval at step 4", total=5, clock=clock) as bar:

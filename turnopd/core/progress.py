@@ -63,7 +63,8 @@ class StepProgress:
             total = int(self._progress.tasks[0].total)
             per_step = (self.clock() - self.started) / max(record.step - self.start_step, 1)  # this launch's pace
             console.print(f"step {record.step}/{total}: " + ", ".join(f"{k} {v}" for k, v in fields.items()) +
-                          f", {record.wall_time_s:.0f} s, ETA {duration(per_step * (total - record.step))}")
+                          f", {record.wall_time_s:.0f} s, ETA {duration(per_step * (total - record.step))}",
+                          soft_wrap=True)  # one line in a log, however long
         if record.env_failures:  # one unwrapped line; a message may hold [brackets], which are not markup
             console.print(f"step {record.step}: {describe_env_errors(record.env_errors, record.episodes)}",
                           style="yellow", markup=False, soft_wrap=True)
@@ -118,7 +119,7 @@ class EpisodeProgress:
         last_of_a_long_one = self.done == self.total and now - self.started >= self.every_s
         if now - self.last_line >= self.every_s or last_of_a_long_one:
             self.last_line = now
-            console.print(self.line(now), markup=False)
+            console.print(self.line(now), markup=False, soft_wrap=True)
 
     def line(self, now: float) -> str:
         elapsed = now - self.started
