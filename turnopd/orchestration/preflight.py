@@ -211,21 +211,26 @@ def check_backends(cfg: RunConfig, teacher_specs: dict[str, TeacherSpec]) -> Non
 
 
 def check_local_tokenizers(student_path: Path, teacher_specs: dict[str, TeacherSpec]) -> None:
-    """Each teacher's tokenizer against the student's where both are local folders already, before any
-    model is built or loaded (the others are checked as they load, turnopd.orchestration.startup): a
-    teacher scores the student's own token ids, so it must tokenize as the student does."""
-    if not student_path.is_dir():
+    """Each teacher's tokenizer against the student's where both are local folders holding a tokenizer
+    already, before any model is built or loaded (the others are checked as they load,
+    turnopd.orchestration.startup): a teacher scores the student's own token ids, so it must tokenize
+    as the student does."""
+    if not has_tokenizer(student_path):
         return
     student = None
     for env, spec in teacher_specs.items():
         folder = Path(spec.tokenizer or spec.model).expanduser()
-        if not folder.is_dir():
+        if not has_tokenizer(folder):
             continue
         student = student or AutoTokenizer.from_pretrained(student_path)
         try:
             check_tokenizers(student, AutoTokenizer.from_pretrained(folder), str(student_path), spec.name)
         except TokenizerMismatchError as exc:
             raise RecipeError(f"recipe key 'teachers.{env}': {exc}") from None
+
+
+def has_tokenizer(folder: Path) -> bool:
+    return (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file()
 
 
 def require_vllm(what: str) -> None:
