@@ -104,16 +104,25 @@ class TextView(EnvAnswers):
 
 @dataclass(frozen=True)
 class ScreenshotView(EnvAnswers):
-    """A vision-language policy's view (`image_tokens` positions an image): see `student_prompt`."""
+    """A vision-language policy's view of an env that shows screenshots (`image_tokens` positions an
+    image): an image in place of each page the window shows (envs.base.screenshot_view), and the
+    pages' text as the prompt a text teacher reads instead. `infos`' "screenshot": the pixel-store keys
+    of ctx.history's pages, then the current page's."""
 
     spec: EnvSpec
     tokenizer: Any
     image_tokens: int
 
     def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]], turns: Sequence[Turn]) -> RenderedPrompt:
-        ids, keys, text = student_prompt(self.spec, self.tokenizer, self.image_tokens, ctx,
-                                         [info.get("screenshot", "") for info in infos])
-        return RenderedPrompt(ids, keys, text)
+        text = chat_prompt_ids(self.tokenizer, self.spec.render_prompt(ctx))
+        view, keys = screenshot_view(ctx, [info.get("screenshot", "") for info in infos], self.spec.screenshot_window)
+        placeholder = self.tokenizer.convert_tokens_to_ids(IMAGE_PLACEHOLDER)
+        ids = chat_prompt_ids(self.tokenizer, self.spec.render_prompt(view))
+        if ids.count(placeholder) != len(keys):
+            raise ValueError(f"the policy's tokenizer ({getattr(self.tokenizer, 'name_or_path', '?')}) does not keep "
+                             f"{IMAGE_PLACEHOLDER} as one token: {ids.count(placeholder)} in a prompt of {len(keys)} "
+                             "images")
+        return RenderedPrompt(expand_placeholders(ids, placeholder, self.image_tokens), keys, text)
 
 
 class ChatView(EnvAnswers):
@@ -201,23 +210,3 @@ def renderer_for(spec: EnvSpec, tokenizer: Any, *, image_tokens: int = 0, prompt
     if shows_screenshots(spec) and image_tokens:
         return ScreenshotView(spec, tokenizer, image_tokens)
     return TextView(spec, tokenizer)
-
-
-def student_prompt(spec: EnvSpec, tokenizer: Any, image_tokens: int, ctx: PromptContext, page_keys: Sequence[str]
-                   ) -> tuple[list[int], list[str], list[int] | None]:
-    """The token ids of a turn's prompt as the policy sees it, the screenshots they show and, in an
-    env that shows screenshots (envs.base.shows_screenshots), the text prompt a text teacher reads
-    instead: a vision-language policy's prompt (`image_tokens` positions an image) has an image in
-    place of each page the window shows (envs.base.screenshot_view); a policy that reads no images
-    (image_tokens 0) reads the pages' text. `page_keys`: the screenshot keys of ctx.history's pages,
-    then the current page's."""
-    text = chat_prompt_ids(tokenizer, spec.render_prompt(ctx))
-    if not shows_screenshots(spec) or not image_tokens:
-        return text, [], None
-    view, keys = screenshot_view(ctx, page_keys, spec.screenshot_window)
-    placeholder = tokenizer.convert_tokens_to_ids(IMAGE_PLACEHOLDER)
-    ids = chat_prompt_ids(tokenizer, spec.render_prompt(view))
-    if ids.count(placeholder) != len(keys):
-        raise ValueError(f"the policy's tokenizer ({getattr(tokenizer, 'name_or_path', '?')}) does not keep "
-                         f"{IMAGE_PLACEHOLDER} as one token: {ids.count(placeholder)} in a prompt of {len(keys)} images")
-    return expand_placeholders(ids, placeholder, image_tokens), keys, text
