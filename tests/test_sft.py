@@ -316,7 +316,7 @@ def test_example_batch_masks_exactly_the_answer_tokens() -> None:
     from turnopd.orchestration.sft import SFTExample
 
     examples = [SFTExample("a", 0, [5, 6, 7], [8, 9]), SFTExample("b", 3, [5], [10, 11, 12])]
-    batch = example_batch(examples, "walk")
+    batch = example_batch([[ex] for ex in examples], "walk")
     assert batch.input_ids.tolist() == [5, 6, 7, 8, 9, 5, 10, 11, 12]
     assert batch.loss_mask.tolist() == [False, False, False, True, True, False, True, True, True]
     assert batch.seq_lens.tolist() == [5, 4]
@@ -325,13 +325,23 @@ def test_example_batch_masks_exactly_the_answer_tokens() -> None:
 
 
 def test_batches_cover_each_example_once_per_epoch() -> None:
-    drawn = list(batches(10, 4, steps=5, seed=3))
+    drawn = list(batches([1] * 10, 4, steps=5, seed=3))
     assert [len(b) for b in drawn] == [4] * 5
     flat = [i for b in drawn for i in b]
     assert sorted(flat[:10]) == list(range(10))  # the first epoch
     assert sorted(flat[10:20]) == list(range(10))  # the second
-    assert drawn == list(batches(10, 4, steps=5, seed=3))
-    assert drawn != list(batches(10, 4, steps=5, seed=4))
+    assert drawn == list(batches([1] * 10, 4, steps=5, seed=3))
+    assert drawn != list(batches([1] * 10, 4, steps=5, seed=4))
+
+
+def test_batches_of_conversations_hold_at_least_batch_turns() -> None:
+    sizes = [3, 1, 5, 2]  # turns per conversation
+    drawn = list(batches(sizes, 4, steps=6, seed=0))
+    for batch in drawn:  # a batch stops at the first conversation that reaches 4 turns
+        turns = [sizes[i] for i in batch]
+        assert sum(turns) >= 4 and sum(turns[:-1]) < 4
+    flat = [i for b in drawn for i in b]
+    assert sorted(flat[:4]) == [0, 1, 2, 3]  # each conversation once in the first epoch
 
 
 def test_demo_cache_depends_on_episodes_not_on_prompt_settings() -> None:
@@ -372,10 +382,10 @@ def test_nll_step_loss_is_the_mean_answer_token_nll(tiny_model_dir: Path) -> Non
 
     trainer = Trainer(model, TrainerConfig(steps=1, lr=1e-2), ObjectiveConfig(estimator="nll"),
                       LossConfig(mode="token_mean"), total_steps=20)
-    first = trainer.step(example_batch(examples, "walk"), alpha=0.0).loss
+    first = trainer.step(example_batch([[ex] for ex in examples], "walk"), alpha=0.0).loss
     assert first == pytest.approx(expected, rel=1e-4)
     for _ in range(15):
-        last = trainer.step(example_batch(examples, "walk"), alpha=0.0).loss
+        last = trainer.step(example_batch([[ex] for ex in examples], "walk"), alpha=0.0).loss
     assert last < 0.5 * first
 
 
@@ -395,7 +405,7 @@ def test_train_top_layers_updates_only_the_top_blocks_and_norm(tiny_model_dir: P
                          tok.encode("<action>go to desk 1</action>", add_special_tokens=False))
     trainer = Trainer(model, TrainerConfig(steps=1, lr=1e-2), ObjectiveConfig(estimator="nll"),
                       LossConfig(mode="token_mean"), total_steps=1)
-    trainer.step(example_batch([example], "walk"), alpha=0.0)
+    trainer.step(example_batch([[example]], "walk"), alpha=0.0)
     changed = {name for name, p in model.named_parameters() if not torch.equal(p, before[name])}
     assert changed == {f"model.layers.1.{n}" for n, _ in top.named_parameters()} | {"model.norm.weight"}
     assert all(p.grad is None for p in [*bottom.parameters(), model.model.embed_tokens.weight])
@@ -538,3 +548,36 @@ def test_sft_with_relabelled_student_states_end_to_end(tmp_path: Path, tiny_mode
     expert_turns = sum(step.imitate for demo in demos if demo.won for step in demo.steps)
     assert summary.examples == expert_turns + relabel["imitated"]
     assert json.loads((tmp_path / "teacher" / "sft_summary.json").read_text())["relabel"]["states"] == relabel["states"]
+
+
+def test_a_chat_demonstration_trains_as_one_sequence_with_the_same_loss(smollm2_tiny_model_dir: Path) -> None:
+    """prompt.style=chat: an episode's imitated turns are one sequence (its last prompt and answer),
+    whose answer tokens have the NLL they have as one example a turn (causal attention, same prefix)."""
+    from turnopd.config import LossConfig, ObjectiveConfig
+    from turnopd.orchestration.sft import conversations
+    from turnopd.trainer import Trainer
+
+    spec = WalkSpec()
+    demos = list(play_experts(spec, InProcessPool(spec), ["far-3", "near-2"], max_turns=10))
+    tok = AutoTokenizer.from_pretrained(smollm2_tiny_model_dir)
+    examples = demo_examples(demos, spec, EnvConfig(name="alfworld", answer_format="action"), tok,
+                             prompt=PromptConfig(style="chat"))
+    turns = [len(d.steps) for d in demos]
+    assert len(examples) == sum(turns) and turns[0] >= 3
+    assert conversations(examples) == [list(range(turns[0])), list(range(turns[0], sum(turns)))]
+    # history_block prompts are fresh messages: every turn its own example
+    assert conversations(demo_examples(demos, spec, EnvConfig(name="alfworld"), tok)) == [[i] for i in range(sum(turns))]
+
+    per_turn = example_batch([[ex] for ex in examples], "walk")
+    merged = example_batch([examples[: turns[0]], examples[turns[0]:]], "walk")
+    last = [examples[turns[0] - 1], examples[-1]]
+    assert merged.seq_lens.tolist() == [len(ex.prompt_ids) + len(ex.answer_ids) for ex in last]
+    assert int(merged.loss_mask.sum()) == int(per_turn.loss_mask.sum()) == sum(len(ex.answer_ids) for ex in examples)
+    assert merged.input_ids.numel() < per_turn.input_ids.numel()
+    losses = []
+    for batch in (per_turn, merged):
+        model = AutoModelForCausalLM.from_pretrained(smollm2_tiny_model_dir, dtype=torch.float32)
+        trainer = Trainer(model, TrainerConfig(steps=1, lr=1e-3), ObjectiveConfig(estimator="nll"),
+                          LossConfig(mode="token_mean"), total_steps=1)
+        losses.append(trainer.step(batch, alpha=0.0).loss)
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)

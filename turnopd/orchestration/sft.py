@@ -190,27 +190,49 @@ def demo_examples(demos: list[Demonstration], spec: EnvSpec, env_config: EnvConf
     return examples
 
 
-def example_batch(examples: list[SFTExample], env_name: str):
-    """A TokenBatch whose action tokens are the answers (each example its own one-turn trajectory)."""
+def conversations(examples: list[SFTExample]) -> list[list[int]]:
+    """The examples trained as one sequence, as lists of indices: consecutive turns of an episode whose
+    prompt extends the previous turn's prompt and answer (a chat that only appends, prompt.style=chat)
+    form one, so an episode costs one pass over its T turns' tokens where an example a turn would
+    repeat the conversation T times; every other example is its own. Causal attention gives each
+    answer token the same prefix either way, so the loss is the same."""
+    groups: list[list[int]] = []
+    for i, ex in enumerate(examples):
+        if groups:
+            last = examples[groups[-1][-1]]
+            seen = last.prompt_ids + last.answer_ids
+            if ex.task_id == last.task_id and len(ex.prompt_ids) > len(seen) and ex.prompt_ids[: len(seen)] == seen:
+                groups[-1].append(i)
+                continue
+        groups.append([i])
+    return groups
+
+
+def example_batch(groups: list[list[SFTExample]], env_name: str):
+    """A TokenBatch whose action tokens are the answers, each group of examples one trajectory (a
+    group from `conversations` merges into one sequence: turnopd.core.types.trajectory_sequences)."""
     return build_token_batch([
-        Trajectory(task_id=ex.task_id, env_name=env_name, turns=[Turn(
+        Trajectory(task_id=group[0].task_id, env_name=env_name, turns=[Turn(
             index=ex.turn, observation="", prompt_ids=ex.prompt_ids, action_ids=ex.answer_ids,
-            student_logprobs=[0.0] * len(ex.answer_ids), image_keys=ex.image_keys)])
-        for ex in examples
+            student_logprobs=[0.0] * len(ex.answer_ids), image_keys=ex.image_keys) for ex in group])
+        for group in groups
     ])
 
 
-def batches(n_examples: int, batch_size: int, steps: int, seed: int) -> Iterator[list[int]]:
-    """`steps` batches of example indices: shuffled epochs, each example once per epoch."""
+def batches(sizes: list[int], batch_turns: int, steps: int, seed: int) -> Iterator[list[int]]:
+    """`steps` batches of group indices (`sizes`: each group's turns), each holding at least
+    `batch_turns` turns (exactly that many when every group is one turn): shuffled epochs, each group
+    once per epoch."""
     rng = random.Random(seed)
     order: list[int] = []
     for _ in range(steps):
-        while len(order) < batch_size:
-            epoch = list(range(n_examples))
-            rng.shuffle(epoch)
-            order += epoch
-        yield order[:batch_size]
-        order = order[batch_size:]
+        batch: list[int] = []
+        while sum(sizes[i] for i in batch) < batch_turns:
+            if not order:
+                order = list(range(len(sizes)))
+                rng.shuffle(order)
+            batch.append(order.pop(0))
+        yield batch
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,8 +468,9 @@ def train_examples(trainer: Any, examples: list[SFTExample], cfg: Any, label: st
     progress = progress_bar(label, "loss {task.fields[loss]} | {task.fields[tps]} tok/s")
     with progress:
         bar = progress.add_task(label, total=cfg.trainer.steps, loss="-", tps="-")
-        for indices in batches(len(examples), cfg.batch_turns, cfg.trainer.steps, cfg.seed):
-            batch = example_batch([examples[i] for i in indices], cfg.env.name)
+        groups = conversations(examples)
+        for indices in batches([len(g) for g in groups], cfg.batch_turns, cfg.trainer.steps, cfg.seed):
+            batch = example_batch([[examples[i] for i in groups[g]] for g in indices], cfg.env.name)
             start = time.perf_counter()
             metrics = trainer.step(batch, alpha=0.0)
             seconds = time.perf_counter() - start
