@@ -7,18 +7,21 @@ sampled ones, in the context the policy saw). A context bound ends an episode as
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from envs import make_env_spec
+from envs.base import PromptContext
 from tests.doubles import InProcessPool
 from turnopd.config import EnvConfig, PolicyConfig, PromptConfig
 from turnopd.core.types import build_token_batch, trajectory_sequences
 from turnopd.rollout import POLICY_BACKENDS, SamplingParams
 from turnopd.rollout.agent_loop import rollout
+from turnopd.rollout.takeover import Takeover
 
 LOOK_GAME = "look_at_obj_in_light-AlarmClock-None-DeskLamp-308/trial_T20190908_222917_366542"
 ENV_CONFIG = EnvConfig(name="alfworld", max_turns=5, template="compact", answer_format="action", num_workers=1)
@@ -75,3 +78,30 @@ def test_a_context_bound_ends_the_episode_as_truncated(played, model_dir):
                             prompt=bound)
     assert trajectory.depth == 2 and trajectory.truncated and not trajectory.ended
     assert [t.action_ids for t in trajectory.turns] == [t.action_ids for t in played[0].turns[:2]]
+
+
+def test_a_chat_takeover_starts_from_the_conversation_of_its_replayed_steps(model_dir):
+    """A takeover (the teacher audit's) in a chat: the policy's first prompt is the conversation in
+    which the replayed actions were the assistant's answers, rendered by the template as a whole."""
+    spec = make_env_spec(ENV_CONFIG)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    replay = ["go to desk 1", "look"]
+    reset = asyncio.run(Takeover(InProcessPool(spec), [replay]).reset_slot(0, LOOK_GAME))
+    prior = reset.info["prior_steps"]
+    assert [step.action for step in prior] == replay
+    states = [(step.observation, step.admissible) for step in prior[1:]] + [(reset.observation, reset.admissible)]
+    first = spec.render_prompt(PromptContext(task=reset.info["task"], step=0, observation=prior[0].observation,
+                                             history=[], admissible=prior[0].admissible, answer_format="action"))
+    messages = [{"role": "user", "content": first}]
+    for action, (observation, admissible) in zip(replay, states, strict=True):
+        messages += [{"role": "assistant", "content": f"<action>{action}</action>"},
+                     {"role": "user", "content": observation + "\nAdmissible actions: " + ", ".join(
+                         f"'{a}'" for a in admissible if a != "help")}]
+    expected = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+
+    policy = POLICY_BACKENDS.get("transformers")(model_dir, PolicyConfig(), dtype="float32")
+    (taken,) = rollout(spec, Takeover(InProcessPool(spec), [replay]), policy, [LOOK_GAME], env_config=ENV_CONFIG,
+                       sampling=SAMPLING, prompt=PromptConfig(style="chat"))
+    assert taken.turns[0].index == 2 and taken.turns[0].observation == reset.observation
+    assert taken.turns[0].prompt_ids == list(expected)
+    assert len(trajectory_sequences(taken)) == 1  # the replay is context, the policy's turns still one sequence

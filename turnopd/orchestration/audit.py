@@ -133,7 +133,7 @@ def run_audit(cfg: RunConfig, *, student: str | None = None, episodes: int = 16,
             print(f"audit: the student ({student_name}) plays {episodes} {split} episodes at full "
                   f"depth ({cfg.env.max_turns} turns)", flush=True)
             trajectories = rollout(setup.spec, pool, policy, tasks, env_config=cfg.env,
-                                   sampling=step_sampling(cfg, 0))
+                                   sampling=step_sampling(cfg, 0), prompt=cfg.prompt)
             score_trajectories(teachers, trajectories, topk=scoring_topk(cfg))
             for teacher in teachers.values():
                 teacher.close()
@@ -146,13 +146,13 @@ def run_audit(cfg: RunConfig, *, student: str | None = None, episodes: int = 16,
                   f"student, then the teacher ({spec.name}), take over from {len(states)} of them, greedily",
                   flush=True)
             student_takeovers = rollout(setup.spec, Takeover(pool, replays), policy, state_tasks, env_config=cfg.env,
-                                        sampling=greedy)
+                                        sampling=greedy, prompt=cfg.prompt)
         finally:
             policy.close()
         takeover_policy = teacher_policy(cfg, spec)
         try:
             takeovers = rollout(setup.spec, Takeover(pool, replays), takeover_policy, state_tasks, env_config=cfg.env,
-                                sampling=greedy)
+                                sampling=greedy, prompt=cfg.prompt)
         finally:
             takeover_policy.close()
     records, diverged = state_records(trajectories, states, takeovers, student_takeovers, band_width)

@@ -110,10 +110,10 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
             outcome = await pool.reset_slot(slot, task_id)
         reset_info = outcome.info
         trajectory.goal = goal = reset_info.get("task", "")
-        prior = reset_info.get("prior_steps", ())  # (observation, action, info) played before the policy
-        first_observation = prior[0][0] if prior else outcome.observation
-        history = [(observation, action) for observation, action, _ in prior]
-        infos = [info for _, _, info in prior]  # the info of each history observation
+        prior = reset_info.get("prior_steps", ())  # PriorSteps played before the policy
+        first_observation = prior[0].observation if prior else outcome.observation
+        history = [(step.observation, step.action) for step in prior]
+        infos = [step.info for step in prior]  # the info of each history observation
         for turn_index in range(len(history), len(history) + turn_limit):
             if outcome.done:
                 break
@@ -121,7 +121,7 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
                                 history=recent_pairs(history, env_config.history_length),
                                 admissible=outcome.admissible, answer_format=env_config.answer_format)
             shown = renderer.render(ctx, [*recent_pairs(infos, env_config.history_length), outcome.info],
-                                     trajectory.turns)
+                                     trajectory.turns, prior)
             if shown is None:  # the conversation would overflow the renderer's context
                 context_full = True
                 break

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from envs.base import (
@@ -45,6 +45,17 @@ from turnopd.rollout.chat import (
 
 
 @dataclass(frozen=True)
+class PriorStep:
+    """A step played before the policy's first turn (a takeover's replay, turnopd.rollout.takeover):
+    the state it was played from and the action."""
+
+    observation: str
+    admissible: list[str] | None
+    action: str
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class RenderedPrompt:
     """A turn's prompt: the ids the policy reads, the pixel-store keys of the images in them (in
     placeholder order), and the ids a teacher reads instead (None: `ids`)."""
@@ -55,11 +66,12 @@ class RenderedPrompt:
 
 
 class Renderer(Protocol):
-    def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]], turns: Sequence[Turn]
-               ) -> RenderedPrompt | None:
+    def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]], turns: Sequence[Turn],
+               prior: Sequence[PriorStep] = ()) -> RenderedPrompt | None:
         """The prompt of a turn, or None when it would not fit the renderer's context (the episode
         then ends, truncated). `infos`: the env's info of each observation in ctx.history, then the
-        current observation's; `turns`: the episode's turns so far, as played."""
+        current observation's; `turns`: the episode's turns so far, as played; `prior`: the steps
+        played before its first turn (ctx.history holds the last of them, as a window)."""
         ...
 
     def parse_action(self, text: str) -> ParsedAction:
@@ -98,7 +110,8 @@ class TextView(EnvAnswers):
     spec: EnvSpec
     tokenizer: Any
 
-    def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]], turns: Sequence[Turn]) -> RenderedPrompt:
+    def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]], turns: Sequence[Turn],
+               prior: Sequence[PriorStep] = ()) -> RenderedPrompt:
         return RenderedPrompt(chat_prompt_ids(self.tokenizer, self.spec.render_prompt(ctx)))
 
 
@@ -150,21 +163,33 @@ class ChatView(EnvAnswers):
         text = self.spec.render_prompt(ctx)
         return text.replace(answer_instruction(ctx.answer_format), TOOL_INSTRUCTION) if self.tools else text
 
-    def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]], turns: Sequence[Turn]
-               ) -> RenderedPrompt | None:
-        if not turns:
-            if ctx.history:
-                raise ValueError("prompt.style=chat starts its conversation at the episode's first turn: an "
-                                 "episode that starts after prior steps (a takeover) is not supported")
-            ids = list(self.tokenizer.apply_chat_template(
-                [*self.system, {"role": "user", "content": self.first_message(ctx)}], tools=self.tools,
-                tokenize=True, add_generation_prompt=True, return_dict=False))
-        else:
+    def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]], turns: Sequence[Turn],
+               prior: Sequence[PriorStep] = ()) -> RenderedPrompt | None:
+        if turns:
             last = turns[-1]
-            text = self.closing_after(last.action_ids) + appended_text(
-                self.tokenizer, self.system, self.tools, {"role": self.observation_role, "content": observation_message(ctx)})
-            ids = [*last.prompt_ids, *last.action_ids, *self.tokenizer.encode(text, add_special_tokens=False)]
+            ids = self.appended(last.prompt_ids, last.action_ids, ctx)
+        else:
+            ids = self.conversation_before(ctx, prior)
         return RenderedPrompt(ids) if len(ids) <= self.max_prompt else None
+
+    def conversation_before(self, ctx: PromptContext, prior: Sequence[PriorStep]) -> list[int]:
+        """The first turn's prompt: the system prompt and the first message, then each prior step's
+        action (as format_answer writes it) and the state it led to, as if the policy had played them."""
+        states = [replace(ctx, step=i, observation=p.observation, history=[], admissible=p.admissible)
+                  for i, p in enumerate(prior)] + [ctx]
+        ids = list(self.tokenizer.apply_chat_template(
+            [*self.system, {"role": "user", "content": self.first_message(states[0])}], tools=self.tools,
+            tokenize=True, add_generation_prompt=True, return_dict=False))
+        for step, state in zip(prior, states[1:], strict=True):
+            answer = self.tokenizer.encode(self.format_answer(step.action, ctx.answer_format), add_special_tokens=False)
+            ids = self.appended(ids, answer, state)
+        return ids
+
+    def appended(self, prompt_ids: Sequence[int], action_ids: Sequence[int], ctx: PromptContext) -> list[int]:
+        """A prompt and its answer, closed, then ctx's observation as the next message."""
+        text = self.closing_after(action_ids) + appended_text(
+            self.tokenizer, self.system, self.tools, {"role": self.observation_role, "content": observation_message(ctx)})
+        return [*prompt_ids, *action_ids, *self.tokenizer.encode(text, add_special_tokens=False)]
 
     def closing_after(self, action_ids: Sequence[int]) -> str:
         """The answer closing still to append after the sampled `action_ids`: all of it, or what follows

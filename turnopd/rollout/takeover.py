@@ -1,6 +1,6 @@
 """Takeovers: an episode that starts from another episode's state. `Takeover` stands in for the env
 pool: each slot's reset replays its given actions in the real env first, and its outcome carries
-them as "prior_steps" (observation, action, info), and the reset's "task", which the agent loop puts
+them as "prior_steps" (turnopd.rollout.render.PriorStep), and the reset's "task", which the agent loop puts
 in the prompt history but not in the trajectory (turnopd.rollout.agent_loop). The teacher audit takes over student states
 this way (turnopd.orchestration.audit)."""
 
@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from envs.base import StepOutcome
+from turnopd.rollout.render import PriorStep
 
 
 class Takeover:
@@ -24,12 +25,12 @@ class Takeover:
 
     async def reset_slot(self, slot: int, task_id: str) -> StepOutcome:
         outcome = reset = await self.real.reset_slot(slot, task_id)
-        prior: list[tuple[str, str, dict[str, Any]]] = []
+        prior: list[PriorStep] = []
         for action in self.replays[slot]:
             if outcome.done:
                 break
             next_outcome = await self.real.step_slot(slot, action)
-            prior.append((outcome.observation, action, outcome.info))
+            prior.append(PriorStep(outcome.observation, outcome.admissible, action, outcome.info))
             outcome = next_outcome
         if not prior:
             return outcome
