@@ -1,7 +1,7 @@
 """The verifiers adapter on real verifiers tasksets (the `verifiers` extra; the tests skip without it):
-TextArena's GuessTheNumber played by verifiers' own TextArenaEnv (the engine answers each move), and
-one-answer sums scored by two weighted rewards (verifiers' SingleAgentEnv). The tasksets are modules of
-tests/envs/verifiers_tasksets, importable by id as an installed taskset package is."""
+TextArena's GuessTheNumber played by verifiers' own TextArenaEnv (the engine answers each move;
+turnopd_textarena), and one-answer sums scored by two weighted rewards (verifiers' SingleAgentEnv; a
+module of tests/envs/verifiers_tasksets, importable by id as an installed taskset package is)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,15 @@ from envs import make_env_spec
 from envs.base import ParsedAction, PromptContext
 from envs.pool import EnvPool
 from tests.conftest import hide_package
+from turnopd.cli import main
 from turnopd.config import EnvConfig
 
 pytest.importorskip("verifiers.v1")
 ta = pytest.importorskip("textarena")
 
 TASKSETS = Path(__file__).parent / "verifiers_tasksets"
-GUESS = {"taskset": "vf_guess", "train_tasks": 3, "test_tasks": 1}
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "verifiers" / "guess_the_number.yaml"
+GUESS = {"taskset": "turnopd_textarena", "train_tasks": 3, "test_tasks": 1}
 SUMS = {"taskset": "vf_sums", "train_tasks": 4, "test_tasks": 2}
 
 
@@ -34,22 +36,25 @@ def spec_of(**options):
     return make_env_spec(EnvConfig(name="verifiers", options=options))
 
 
-def first_observation(seed: int) -> str:
-    """TextArena's own first observation of GuessTheNumber under `seed` (its RNG is process-global)."""
+def reset_game(seed: int):
+    """TextArena's GuessTheNumber reset under `seed` (its RNG is process-global)."""
     random.seed(seed)
     game = ta.make(env_id="GuessTheNumber-v0")
     game.reset(num_players=1)
-    return str(game.get_observation()[1])
+    return game
+
+
+def first_observation(seed: int) -> str:
+    return str(reset_game(seed).get_observation()[1])
 
 
 def test_guess_the_number_plays_through_the_pool() -> None:
     from verifiers.v1.tasksets.textarena.taskset import SYSTEM_PROMPT
-    from vf_guess import target
 
     spec = spec_of(**GUESS)
     assert spec.tasks("train") == ["task-0", "task-1", "task-2"] and spec.tasks("test") == ["task-3"]
     assert spec.system_prompt == SYSTEM_PROMPT  # the chat's system prompt: the taskset's
-    assert (target(0), target(1)) == (13, 5)  # the numbers TextArena hides under seeds 0 and 1 (1 to 20)
+    assert (reset_game(0).game_number, reset_game(1).game_number) == (13, 5)  # the numbers TextArena hides under seeds 0 and 1 (1 to 20)
     with EnvPool(spec, num_workers=1, step_timeout_s=120) as pool:
         start = pool.reset(["task-0", "task-1"])
         assert [s.observation for s in start] == [first_observation(0), first_observation(1)]
@@ -127,6 +132,9 @@ def test_the_answer_is_the_action_and_the_prompt_the_first_message() -> None:
                                                      "test_tasks is 6"),
         ({**SUMS, "env_id": "user-sim"}, "verifiers env UserSimEnvConfig has agent seats ['assistant', 'user']; the "
                                          "adapter plays envs with one seat (the policy's)"),
+        ({**GUESS, "taskset_args": {"game": "Wordle-v0"}},
+         "verifiers taskset 'turnopd_textarena': taskset.game: Input should be 'GuessTheNumber-v0', 'TowerOfHanoi-v0', "
+         "'Minesweeper-v0', 'FrozenLake-v0', 'Mastermind-v0', 'Sudoku-v0' or 'Crosswords-v0'"),
         ({**SUMS, "colour": "red"}, "unknown verifiers options ['colour']; allowed: taskset, taskset_args, env_id, "
                                     "success_reward, train_tasks, test_tasks"),
     ],
@@ -146,3 +154,11 @@ def test_without_verifiers_the_error_gives_the_install_line(monkeypatch) -> None
     with pytest.raises(ValueError, match=r"^env verifiers needs the verifiers package \(0\.4, verifiers\.v1\), which "
                                          r"is not installed: pip install -e \"\.\[verifiers\]\"$"):
         spec_of(**SUMS)
+
+
+def test_the_recipe_check_gives_the_install_line_without_verifiers(monkeypatch, capsys) -> None:
+    hide_package(monkeypatch, "verifiers")
+    assert main(["show", str(RECIPE)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: recipe key 'env' (env verifiers): env verifiers needs the verifiers package (0.4, verifiers.v1), "
+        'which is not installed: pip install -e ".[verifiers]"')
