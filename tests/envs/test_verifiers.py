@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import random
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,9 +16,11 @@ import pytest
 from envs import make_env_spec
 from envs.base import ParsedAction, PromptContext
 from envs.pool import EnvPool
-from tests.conftest import hide_package
+from tests.conftest import child_env, hide_package
 from turnopd.cli import main
-from turnopd.config import EnvConfig
+from turnopd.config import EnvConfig, PromptConfig
+from turnopd.core.metrics import read_metrics
+from turnopd.core.types import Turn
 
 pytest.importorskip("verifiers.v1")
 ta = pytest.importorskip("textarena")
@@ -70,6 +74,36 @@ def test_guess_the_number_plays_through_the_pool() -> None:
         # the second invalid move ends the game with TextArena's partial reward: 1 - |last guess - target| / 19
         lost = pool.step({1: "[1]"})[1]
         assert (lost.reward, lost.done, lost.won) == (pytest.approx(1 - 4 / 19), True, False)
+
+
+def test_the_chat_is_the_verifiers_conversation(smollm2_tokenizer_dir) -> None:
+    """prompt.style=chat renders the episode (SmolLM2's ChatML) exactly as the template renders the
+    verifiers trace's messages: its system prompt, the task's prompt, the answers, the engine's answers."""
+    from transformers import AutoTokenizer
+
+    from turnopd.rollout.render import ChatView
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
+    spec = spec_of(**GUESS)
+    view = ChatView(spec, tokenizer, PromptConfig(style="chat"), max_prompt=10_000)
+    env = spec.make()
+    try:
+        outcome, turns = env.reset("task-0"), []
+        for step, answer in enumerate(["I guess [10]", "[20]", None]):
+            ctx = PromptContext(task=outcome.info.get("task", ""), step=step, observation=outcome.observation, history=[])
+            prompt = view.render(ctx, [], turns)
+            if answer is None:
+                break
+            ids = tokenizer.encode(answer, add_special_tokens=False)
+            turns.append(Turn(index=step, observation=outcome.observation, prompt_ids=prompt.ids, action_ids=ids,
+                              student_logprobs=[0.0] * len(ids), action_text=answer))
+            outcome = env.step(spec.parse_action(answer).action)
+        messages = [{"role": m.role, "content": m.content} for m in env.traces[0].messages]
+        assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant", "user"]
+        assert prompt.ids == tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                           return_dict=False)
+    finally:
+        env.close()
 
 
 def test_the_conversation_is_the_verifiers_trace() -> None:
@@ -162,3 +196,24 @@ def test_the_recipe_check_gives_the_install_line_without_verifiers(monkeypatch, 
     assert capsys.readouterr().err.strip() == (
         "error: recipe key 'env' (env verifiers): env verifiers needs the verifiers package (0.4, verifiers.v1), "
         'which is not installed: pip install -e ".[verifiers]"')
+
+
+@pytest.mark.slow
+def test_two_distillation_steps_on_guess_the_number(tmp_path, smollm2_tokenizer_dir, smollm2_tiny_model_dir) -> None:
+    """A chat run on the recipe's taskset with tiny random models that share SmolLM2's tokenizer."""
+    from turnopd.models.tiny import build_tiny_model
+
+    build_tiny_model(tmp_path / "student", tokenizer=smollm2_tokenizer_dir, hidden_size=64, num_layers=1, num_heads=2,
+                     max_position_embeddings=4096, seed=7)
+    (tmp_path / "teacher.yaml").write_text(f"name: tiny-teacher\nmodel: {smollm2_tiny_model_dir}\n"
+                                           "backend: transformers\ndtype: float32\nmax_length: 4096\n")
+    run = subprocess.run([sys.executable, "-m", "turnopd.cli", "distill", str(RECIPE), "name=guess",
+                          f"output_dir={tmp_path / 'runs'}", f"student.path={tmp_path / 'student'}", "student.prepare=null",
+                          f"teachers.verifiers={tmp_path / 'teacher.yaml'}", "env.max_turns=3", "env.num_workers=1",
+                          "env.options.train_tasks=4", "env.options.test_tasks=1", "prompt.max_context=4096",
+                          "policy.max_new_tokens=6", "trainer.steps=2", "trainer.episodes_per_step=2",
+                          "eval.max_tasks=1", "eval.at_start=false", "tracking=[]"],
+                         env=child_env(), capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    train = [r for r in read_metrics(tmp_path / "runs" / "guess" / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2] and all(r["tokens_trained"] > 0 for r in train)
