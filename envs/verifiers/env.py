@@ -52,7 +52,7 @@ class Bridge:
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
-        self.asked: asyncio.Future[str] = loop.create_future()
+        self.asked: asyncio.Future[str] | None = None  # made by `advance` before the coroutine runs on
         self.answer: asyncio.Future[str] | None = None
 
     async def ask(self, observation: str) -> str:
@@ -149,7 +149,9 @@ class VerifiersEnv:
         self.vf_env: Any = None
         self.tasks: list[Any] = []  # the taskset's tasks read so far, in order
         self.loop = asyncio.new_event_loop()
-        self.run: asyncio.Task | None = None
+        self.run: asyncio.Task | None = None  # the episode's coroutine while it plays
+        self.bridge = Bridge(self.loop)
+        self.traces: list[Any] = []  # the episode's verifiers Trace (one exchange)
 
     def task(self, index: int) -> Any:
         if index >= len(self.tasks):
@@ -174,7 +176,7 @@ class VerifiersEnv:
         if self.vf_env is None:
             self.vf_env = load_vf_env(self.raw_config)
         task = self.task(seed_of(task_id))
-        self.traces: list[Any] = []
+        self.traces = []
         self.bridge = Bridge(self.loop)
         self.run = self.loop.create_task(self.episode(task, self.traces))
         observation = self.bridge.advance(self.run)
