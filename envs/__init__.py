@@ -25,7 +25,7 @@ ENTRY_POINT_GROUP = "turnopd.envs"
 # Each module registers its EnvSpec class in ENVS (envs.base) on import; they import their engines
 # lazily. `turnopd new env NAME` appends to this line.
 BUILTIN_ENVS = ("envs.alfworld", "envs.webshop", "envs.search", "envs.twx", "envs.prompts", "envs.autoresearch",
-                "envs.gymnasium", "envs.openenv")
+                "envs.gymnasium", "envs.openenv", "envs.verifiers")
 for _module in BUILTIN_ENVS:
     importlib.import_module(_module)
 

@@ -1,5 +1,5 @@
-"""What the adapter envs (envs/gymnasium, envs/openenv) share: tasks that are reset seeds, the env
-block's checks of one task type and template, and one prompt (the goal, the recent turns, the
+"""What the adapter envs (envs/gymnasium, envs/openenv, envs/verifiers) share: tasks that are numbered
+(reset seeds, or a taskset's positions), the env block's checks of one task type and template, and one prompt (the goal, the recent turns, the
 observation and, where the env names them, its actions)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from envs.base import (
 
 
 def seed_of(task_id: str) -> int:
-    """'seed-12' -> 12."""
+    """'seed-12' (or 'task-12') -> 12."""
     return int(task_id.rsplit("-", 1)[1])
 
 
@@ -30,13 +30,14 @@ def render_default(ctx: PromptContext) -> str:
 
 class SeedTasks:
     """An adapter spec's splits: "train" plays seeds 0..train_tasks-1, "test" the next test_tasks (task
-    id "seed-N"), all of one task type, `task_kind`. `check_block` checks the env block's options,
+    id "seed-N", or `id_prefix`-N), all of one task type, `task_kind`. `check_block` checks the env block's options,
     task types and template (there is one, "default")."""
 
     name: str
     config: Any
     task_kind: str
     seeds: dict[str, range]
+    id_prefix = "seed"
 
     def check_block(self, config: Any, allowed_options: dict[str, Any]) -> dict[str, Any]:
         """The env block's options over their defaults."""
@@ -57,7 +58,7 @@ class SeedTasks:
 
     def tasks(self, split: str) -> list[str]:
         check_split(self.name, split, self.splits())
-        return select_tasks([f"seed-{n}" for n in self.seeds[split]], self.task_type, self.config)
+        return select_tasks([f"{self.id_prefix}-{n}" for n in self.seeds[split]], self.task_type, self.config)
 
     def task_type(self, task_id: str) -> str:
         return self.task_kind
