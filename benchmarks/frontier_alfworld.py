@@ -37,6 +37,9 @@ final sampled Avg@4 at the rollouts' temperature):
   control: vanilla OPD stopped by trainer.budget at the env steps that seed's TurnOPD run played
   (its runs are named equal_budget-vanilla_opd_at_turnopd_work-s<seed>); at least 8 seeds
   (--seeds 8). Ends with `turnopd frontier --margin 5` against the control, then vanilla_opd.
+- equal_budget_30: equal_budget at power (docs/results/equal-budget-30-design.md): the same arms on
+  seeds 0-29 (--seeds 30), all on one build; the control may run up to 40 steps, so that its env-step
+  budget ends it (in equal_budget, two seeds' TurnOPD runs outplayed vanilla's 20 steps).
 - relabelled_teacher: headroom's settings, turnopd from the SFT teacher (sweep expert_teacher) and
   from the teacher made familiar with the student's states (sweep relabelled_teacher:
   recipes/alfworld/teacher_dagger.yaml, built on first use), same seeds, then one frontier of both.
@@ -86,6 +89,8 @@ REGIMES = {
         "env.step_latency_s=0", "trainer.steps=8", "eval.at_start=false", "eval.teacher=false", "eval.final_k=null",
         "eval.max_tasks=1", "world_model.verdict=twin"])],
     "equal_budget": [("equal_budget", "vanilla_opd,turnopd", ["trainer.steps=20", "eval.every=4"])],
+    # the headline at power (docs/results/equal-budget-30-design.md): equal_budget's arms on 30 seeds
+    "equal_budget_30": [("equal_budget_30", "vanilla_opd,turnopd", ["trainer.steps=20", "eval.every=4"])],
     "paper": [("paper", "vanilla_opd,turnopd,turnopd_continuous", [
         "student.path=~/.cache/turnopd/models/alfworld-student-sft250",
         "student.prepare_options.overrides=[trainer.steps=250]", "env.max_turns=50",
@@ -96,13 +101,17 @@ REGIMES = {
 EQUAL_BUDGET_MARGIN = 5.0  # points of Avg@4, fixed before the runs (2.5 of the 50 held-out games)
 
 
-def equal_work_control(out_dir: Path, seeds: int, overrides: list[str]) -> int:
-    """The equal_budget regime's third arm: per seed, vanilla OPD with trainer.budget = the env steps
+EQUAL_WORK_REGIMES = {"equal_budget": [], "equal_budget_30": ["trainer.steps=40"]}  # the control's own overrides:
+# equal_budget_30's control may run past 20 steps, so that its budget, not the step count, ends it
+
+
+def equal_work_control(regime: str, out_dir: Path, seeds: int, overrides: list[str]) -> int:
+    """An equal-budget regime's third arm: per seed, vanilla OPD with trainer.budget = the env steps
     that seed's TurnOPD run played (a run already complete is skipped, an interrupted one resumed)."""
     code = 0
     for seed in range(seeds):
-        turnopd = load_run(out_dir / f"equal_budget-turnopd-s{seed}")
-        name = f"equal_budget-vanilla_opd_at_turnopd_work-s{seed}"
+        turnopd = load_run(out_dir / f"{regime}-turnopd-s{seed}")
+        name = f"{regime}-vanilla_opd_at_turnopd_work-s{seed}"
         state = run_state(out_dir / name)
         if state == "complete":
             continue
@@ -110,7 +119,8 @@ def equal_work_control(out_dir: Path, seeds: int, overrides: list[str]) -> int:
                    str(out_dir / name)] if state == "incomplete" else [
             sys.executable, "-m", "turnopd.cli", "distill", "recipes/quickstart.yaml"]
         command[5:5] = [f"name={name}", f"seed={seed}", f"output_dir={out_dir}", "depth.mode=full",
-                        "loss.mode=trajectory", *COMMON, *REGIMES["equal_budget"][0][2], "trainer.budget.unit=env_steps",
+                        "loss.mode=trajectory", *COMMON, *REGIMES[regime][0][2], *EQUAL_WORK_REGIMES[regime],
+                        "trainer.budget.unit=env_steps",
                         f"trainer.budget.amount={turnopd.work_by(math.inf)['env_steps']:.0f}", *overrides]
         print("$ " + " ".join(command), flush=True)
         code = subprocess.call(command) or code
@@ -227,11 +237,11 @@ def main() -> int:
                        "--out", f"{out_dir}/frontier.png"]
             print(f"== regime {regime}: all its runs\n$ " + " ".join(command), flush=True)
             code = subprocess.call(command) or code
-        if regime == "equal_budget":
-            code = equal_work_control(Path(out_dir), args.seeds, args.overrides) or code
+        if regime in EQUAL_WORK_REGIMES:
+            code = equal_work_control(regime, Path(out_dir), args.seeds, args.overrides) or code
             # the control's seeds differ only in their matched budget: one group. The primary comparison
             # is against it, the secondary against vanilla OPD at equal steps
-            for baseline in ("equal_budget-vanilla_opd_at_turnopd_work", "equal_budget-vanilla_opd"):
+            for baseline in (f"{regime}-vanilla_opd_at_turnopd_work", f"{regime}-vanilla_opd"):
                 command = [sys.executable, "-m", "turnopd.cli", "frontier", *sorted(str(p.parent) for p in
                            Path(out_dir).glob("*/metrics.jsonl")), "--md", "--baseline", baseline,
                            "--per-seed", "trainer.budget.amount", "--margin", str(EQUAL_BUDGET_MARGIN),
