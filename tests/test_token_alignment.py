@@ -93,6 +93,10 @@ def test_a_sampled_end_of_turn_token_has_no_text_and_is_in_the_tail(tiny, smol):
     assert cross.spans == [AlignedSpan(0, 1, 0, 3), AlignedSpan(1, 2, 3, 4), AlignedSpan(2, 3, 4, 5),
                            AlignedSpan(3, 4, 5, 6), AlignedSpan(4, 5, 6, 8), AlignedSpan(5, 6, 8, 11),
                            AlignedSpan(6, 7, 11, 11)]
+    # an answer of its end-of-turn token alone: no text for the teacher, one tail span, log-ratio 0
+    alone = cross_tokens(tiny, smol, [tiny.eos_token_id])
+    assert alone.teacher_ids == [] and alone.spans == [AlignedSpan(0, 1, 0, 0)]
+    assert spread_teacher_logprobs(alone.spans, [], [-0.25]) == [-0.25]
 
 
 def test_a_tool_call_turn_aligns_span_by_span(tiny, smol):
