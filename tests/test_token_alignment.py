@@ -111,9 +111,23 @@ def test_a_tool_call_turn_aligns_span_by_span(tiny, smol):
     assert cross.spans[1] == AlignedSpan(1, 5, 1, 2)  # t, o, o, l | tool
 
 
-def test_texts_that_are_not_one_another_s_prefix_are_refused():
-    with pytest.raises(ValueError, match="not a prefix"):
-        aligned_spans([b"go", b" to"], [b"go", b" up"])
+def test_bytes_one_side_does_not_hold_leave_their_student_tokens_without_teacher_tokens():
+    # the teacher's tokenizer drops the control byte 16 (SmolLM2's does): "go t\x16o" is read "go to"
+    # equal blocks "go t" and "o": boundaries (0, 0), (2, 2), then (6, 5) in the second block
+    assert aligned_spans([b"go", b" t", b"\x16", b"o"], [b"go", b" to"]) == [
+        AlignedSpan(0, 1, 0, 1), AlignedSpan(1, 4, 1, 1)]
+    # a gap inside: "go" | "\xff" (no character) | " to" on the student's side; the spans resume after it
+    assert aligned_spans([b"go", b"\xff", b" to"], [b"go", b" to"]) == [
+        AlignedSpan(0, 1, 0, 1), AlignedSpan(1, 2, 1, 1), AlignedSpan(2, 3, 1, 2)]
+
+
+def test_a_byte_the_teacher_s_tokenizer_drops_is_a_gap_in_a_real_action(tiny, smol):
+    ids, cross, pairs = align(tiny, smol, "<action>go\x16 to desk 1</action>")
+    assert smol.decode(cross.teacher_ids) == "<action>go to desk 1</action>"
+    # Ė: the byte-level BPE's character for byte 0x16, one student token with no teacher token
+    assert pairs == [(["<action>"], ["<", "action", ">"]), (["go"], ["go"]), (["Ė"], []),
+                     (["Ġto"], ["Ġto"]), (["Ġdesk"], ["Ġdesk"]), (["Ġ1"], ["Ġ", "1"]),
+                     (["</action>"], ["</", "action", ">"])]
 
 
 # A span of one token, one of two tokens split 1:1 differently, and an end-of-turn token with no text:

@@ -6,34 +6,38 @@ Pure functions (a tokenizer is read only through `convert_ids_to_tokens`, `all_s
 
 - ALIGN on bytes. Each token's bytes are read from its vocabulary entry (a byte-level BPE's
   characters mapped back to bytes, a byte-fallback `<0xNN>` to its byte, SentencePiece's `▁` to a
-  space; a special token has no text: b""). With S_0 = 0 < S_1 <= ... <= S_n the student's cumulative
-  byte offsets and T_0 = 0 < ... <= T_m the teacher's, a boundary is an offset in both, and a SPAN is
-  the tokens of each side between two consecutive boundaries: the same bytes on both sides, so the
-  log-probs of its tokens on each side are the log-probs of the same text (GOLD's alignment groups,
-  TRL gold_trainer, on bytes instead of incrementally decoded strings, so a character split over
-  byte tokens aligns too; rLLM's distill/alignment.py splits each teacher token's log-prob over the
-  student tokens it overlaps instead, which mixes log-probs of different texts).
+  space; a special token has no text: b""). The teacher reads the student's text less what is no
+  UTF-8 character (an answer cut by max_new_tokens inside a character), and its tokenizer may drop
+  more (SmolLM2's drops some control bytes), so the two byte strings are matched into blocks of
+  equal bytes (difflib). A boundary is a token boundary of both sides at the same place of one
+  block, and a SPAN is the tokens of each side between two boundaries of one block: the same bytes
+  on both sides, so the log-probs of its tokens on each side are the log-probs of the same text
+  (GOLD's alignment groups, TRL gold_trainer, on bytes instead of incrementally decoded strings, so
+  a character split over byte tokens aligns too; rLLM's distill/alignment.py splits each teacher
+  token's log-prob over the student tokens it overlaps instead, which mixes log-probs of different
+  texts).
 - A student token without text (a special token it sampled) joins the span that starts where it
-  stands; the student's tokens after the last boundary (such a token at the end of the answer, its
-  end-of-turn token; an answer cut by
-  max_new_tokens inside a character, or bytes that are no character, which the teacher's text stops
-  before) form a TAIL span with no teacher tokens: the teacher cannot read them.
+  stands. Student tokens between boundaries of different blocks (around bytes one side does not
+  hold) or after the last boundary (its end-of-turn token; the cut character) form a span with no
+  teacher tokens: the teacher cannot read them as the student wrote them.
 - SPREAD: a span's teacher log-prob is T_span = sum of its teacher tokens' log-probs (the teacher's
   log-prob of the span's text), the student's S_span = sum of its tokens' sampling log-probs s_old;
   every student token p of a span of n tokens gets the teacher log-prob
 
-      T'_p = s_old_p + (T_span - S_span) / n        (a tail span: T'_p = s_old_p, log-ratio 0)
+      T'_p = s_old_p + (T_span - S_span) / n        (a span without teacher tokens: T'_p = s_old_p)
 
   so sum_p T'_p = T_span and each token's sampled log-ratio T'_p - s_old_p is an equal share of the
   span's. The estimators read T' as they read a same-tokenizer teacher's log-probs; with identical
-  tokenizers every span is one token and T' = T exactly.
+  tokenizers every span is one token and T' = T (up to float rounding).
 """
 
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
+from difflib import SequenceMatcher
 from functools import cache
 from typing import Any
 
@@ -76,15 +80,6 @@ def token_bytes(tokenizer: Any, ids: Sequence[int]) -> list[bytes]:
     return [b"" if i in special else piece_bytes(p) for i, p in zip(ids, pieces, strict=True)]
 
 
-def valid_text(data: bytes) -> str:
-    """The text of `data` up to its first byte that is not part of a whole UTF-8 character (an answer
-    cut by the token limit may end inside a character; a sampled byte sequence may be no character)."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as bad:
-        return data[: bad.start].decode("utf-8")
-
-
 def _offsets(pieces: Sequence[bytes]) -> list[int]:
     out = [0]
     for piece in pieces:
@@ -92,26 +87,36 @@ def _offsets(pieces: Sequence[bytes]) -> list[int]:
     return out
 
 
+def _matched_points(student: bytes, teacher: bytes, s_off: Sequence[int], t_off: Sequence[int]
+                    ) -> list[tuple[int, int, int]]:
+    """The boundaries, in order: (student offset, teacher offset, matching block) of the token
+    boundaries of both sides that stand at the same place of a block of equal bytes (difflib's
+    matching blocks of the two byte strings)."""
+    t_set, points = set(t_off), []
+    blocks = SequenceMatcher(None, student, teacher, autojunk=False).get_matching_blocks()
+    for block, (i, j, size) in enumerate(blocks[:-1]):  # the last is difflib's empty sentinel
+        points += [(s, j + s - i, block) for s in sorted(set(s_off)) if i <= s <= i + size and j + s - i in t_set]
+    return points
+
+
 def aligned_spans(student: Sequence[bytes], teacher: Sequence[bytes]) -> list[AlignedSpan]:
-    """The spans of two tokenizations (each token's bytes) of one text, the teacher's a prefix of the
-    student's (see the module docstring): consecutive, covering every student token [n] once; the
-    teacher tokens after the last boundary, if any, are in none."""
-    joined = b"".join(teacher)
-    if not b"".join(student).startswith(joined):
-        raise ValueError(f"the teacher's text {joined[:60]!r} is not a prefix of the student's "
-                         f"{b''.join(student)[:60]!r}: they cannot be aligned")
+    """The spans of two tokenizations (each token's bytes) of one text (see the module docstring):
+    consecutive, covering every student token [n] once. Between two boundaries of one block of
+    equal bytes, a span holds the tokens of each side that start there; bytes one side does not hold
+    (a byte the teacher's tokenizer drops, invalid UTF-8 the student sampled, the student's tokens
+    after the last boundary) put the student's tokens up to the next boundary in a span without
+    teacher tokens."""
     s_off, t_off = _offsets(student), _offsets(teacher)
-    boundaries = sorted(set(s_off) & set(t_off))
-    spans, i, j = [], 0, 0
-    for end in boundaries[1:]:
-        i0, j0 = i, j
-        while i < len(student) and s_off[i] < end:  # the tokens that start before the boundary end by it
-            i += 1
-        while j < len(teacher) and t_off[j] < end:
-            j += 1
-        spans.append(AlignedSpan(i0, i, j0, j))
-    if i < len(student):
-        spans.append(AlignedSpan(i, len(student), j, j))
+    s_starts, t_starts = s_off[:-1], t_off[:-1]
+    spans, previous = [], (0, 0, None)
+    for point in [*_matched_points(b"".join(student), b"".join(teacher), s_off, t_off), (s_off[-1] + 1, 0, None)]:
+        # the tokens that start before a boundary end by it; the end sentinel takes the student's rest
+        i0, i = bisect_left(s_starts, previous[0]), bisect_left(s_starts, point[0])
+        j0, j = bisect_left(t_starts, previous[1]), bisect_left(t_starts, point[1])
+        matched = point[2] is not None and point[2] == previous[2]
+        if i > i0:
+            spans.append(AlignedSpan(i0, i, j0, j) if matched else AlignedSpan(i0, i, j0, j0))
+        previous = point
     return spans
 
 
@@ -125,24 +130,18 @@ class CrossTokens:
 
 
 def cross_tokens(student_tokenizer: Any, teacher_tokenizer: Any, student_ids: Sequence[int]) -> CrossTokens:
-    """The student's action `student_ids` in the teacher's tokenizer: its text (whole characters,
-    special tokens left out) encoded on its own, and the aligned spans. A tokenizer that does not
-    give back the bytes it encoded (one that normalizes text) is refused, naming the text."""
+    """The student's action `student_ids` in the teacher's tokenizer: its text (special tokens and
+    bytes that are no UTF-8 character left out) encoded on its own, and the aligned spans."""
     pieces = token_bytes(student_tokenizer, student_ids)
-    text = valid_text(b"".join(pieces))
+    text = b"".join(pieces).decode("utf-8", errors="ignore")
     teacher_ids = list(teacher_tokenizer.encode(text, add_special_tokens=False))
-    teacher_pieces = token_bytes(teacher_tokenizer, teacher_ids)
-    if b"".join(teacher_pieces) != text.encode("utf-8"):
-        raise ValueError(f"the teacher's tokenizer ({getattr(teacher_tokenizer, 'name_or_path', '?')}) reads "
-                         f"{text[:60]!r} back as {b''.join(teacher_pieces)[:60]!r}: its tokens do not hold the "
-                         "text's bytes, so the student's and teacher's tokens cannot be aligned")
-    return CrossTokens(teacher_ids, aligned_spans(pieces, teacher_pieces))
+    return CrossTokens(teacher_ids, aligned_spans(pieces, token_bytes(teacher_tokenizer, teacher_ids)))
 
 
 def spread_teacher_logprobs(spans: Sequence[AlignedSpan], teacher_logprobs: Sequence[float],
                             sampling_logprobs: Sequence[float]) -> list[float]:
     """T'_p for every student token p (module docstring): T'_p = s_old_p + (T_span - S_span) / n over
-    each span of n student tokens with teacher tokens, s_old_p on a tail span. teacher_logprobs [m]
+    each span of n student tokens with teacher tokens, s_old_p on a span without. teacher_logprobs [m]
     (the teacher's action tokens), sampling_logprobs [n]; returns [n]."""
     out = list(sampling_logprobs)
     for span in spans:
