@@ -262,3 +262,33 @@ def test_with_identical_tokenizers_the_cross_path_gives_the_same_loss_and_gradie
     assert results[1].loss == pytest.approx(results[0].loss, rel=1e-6)
     assert results[1].grad_norm == pytest.approx(results[0].grad_norm, rel=1e-6)
     assert torch.allclose(params[1], params[0], rtol=0, atol=1e-7)
+
+
+def test_spans_cover_every_student_token_once_and_hold_equal_bytes_when_matched():
+    """Random texts cut at random places into tokens on each side, the teacher's side with random bytes
+    dropped: the spans are consecutive over the student's tokens, and a span with teacher tokens
+    holds the same bytes on both sides, each teacher token in one such span at most."""
+    import random
+
+    rng = random.Random(0)
+
+    def cut(data: bytes) -> list[bytes]:
+        marks = sorted(rng.sample(range(1, len(data)), rng.randint(0, len(data) - 1))) if len(data) > 1 else []
+        return [data[a:b] for a, b in zip([0, *marks], [*marks, len(data)], strict=True)]
+
+    for _ in range(300):
+        text = bytes(rng.choice(b"ab \xc3\xa9\x16") for _ in range(rng.randint(1, 12)))
+        student = cut(text)
+        if rng.random() < 0.3:
+            student.insert(rng.randint(0, len(student)), b"")  # a special token
+        teacher = cut(bytes(b for b in text if rng.random() > 0.1) or b"a")
+        spans = aligned_spans(student, teacher)
+        assert [s.student_start for s in spans] == [0, *[s.student_end for s in spans[:-1]]]
+        assert spans[-1].student_end == len(student)
+        read = 0  # each teacher token in one span at most, in order
+        for s in spans:
+            if s.teacher_end > s.teacher_start:
+                assert s.teacher_start >= read
+                read = s.teacher_end
+                assert b"".join(student[s.student_start:s.student_end]) == b"".join(
+                    teacher[s.teacher_start:s.teacher_end])
