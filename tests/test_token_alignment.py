@@ -292,3 +292,15 @@ def test_spans_cover_every_student_token_once_and_hold_equal_bytes_when_matched(
                 read = s.teacher_end
                 assert b"".join(student[s.student_start:s.student_end]) == b"".join(
                     teacher[s.teacher_start:s.teacher_end])
+
+
+def test_the_audit_refuses_a_teacher_of_another_tokenizer():
+    from pathlib import Path
+
+    from turnopd.orchestration.audit import check_audit_setup
+    from turnopd.orchestration.recipe import load_recipe
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"
+    cfg = load_recipe(recipe, ["objective.estimator=k1", "objective.tokenizers=cross"])
+    with pytest.raises(RecipeError, match="cross is not built for `turnopd audit`"):
+        check_audit_setup(cfg)
