@@ -90,8 +90,10 @@ def check_tokenizers(student_tokenizer: Any, teacher_tokenizer: Any, student_nam
     """
     def fail(what: str) -> None:
         raise TokenizerMismatchError(f"student tokenizer ({student_name}) and teacher tokenizer ({teacher_name}) "
-                                     f"differ: {what}. OPD needs the teacher to score the student's own tokens; "
-                                     "use a teacher and student that share a tokenizer")
+                                     f"differ: {what}. With objective.tokenizers=match the teacher scores the "
+                                     "student's own tokens; set objective.tokenizers=cross to distil across "
+                                     "tokenizers (sampled-token estimators), or use a teacher that shares the "
+                                     "student's tokenizer")
 
     if teacher_tokenizer is None:
         fail("the teacher has no tokenizer to check (a vllm_server teacher reads it from spec.tokenizer or spec.model)")

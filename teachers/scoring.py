@@ -8,7 +8,11 @@ window per turn). All sequences of all trajectories that share a teacher go to i
 the backend batches across trajectories. The student's action tokens are read out, and each turn's
 familiarity signals (turnopd.algorithm.familiarity) from the same scores: no extra forward. A turn
 with a text prompt of its own for the teacher (a student that reads screenshots,
-Turn.teacher_prompt_ids) is scored on it: the same action tokens after the pages' text.
+Turn.teacher_prompt_ids) is scored on it: the same action tokens after the pages' text. A teacher
+of another tokenizer (objective.tokenizers=cross) scores each turn in its own template and tokens
+(Turn.teacher_prompt_ids, Turn.teacher_action_ids), and its log-probs reach the student's tokens
+through the turn's aligned spans (turnopd.algorithm.token_alignment.spread_teacher_logprobs); its
+top-k, over its own vocabulary, is kept only as the turn's familiarity signals.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Sequence
 
 from teachers.base import Teacher, TokenScores
 from turnopd.algorithm.familiarity import span_signals, topk_tail_entropy
+from turnopd.algorithm.token_alignment import spread_teacher_logprobs
 from turnopd.core.types import ScoredSequence, Trajectory, trajectory_sequences
 
 
@@ -53,6 +58,10 @@ def score_trajectories(teachers_by_env: dict[str, Teacher], trajectories: Sequen
             for (start, end, turn_index), turn_signals in zip(seq.spans, signals, strict=True):
                 turn = turns[turn_index]
                 turn.teacher_signals = turn_signals
+                if turn.token_spans is not None:  # its own tokens: carried to the student's by the spans
+                    turn.teacher_logprobs = spread_teacher_logprobs(turn.token_spans, scores.logprobs[start:end],
+                                                                    turn.student_logprobs)
+                    continue
                 turn.teacher_logprobs = scores.logprobs[start:end]
                 if topk:
                     turn.teacher_topk_ids = scores.topk_ids[start:end]

@@ -74,6 +74,10 @@ RUNS = [
     ("chat-sync", ["prompt.style=chat"], {}),
     ("chat-one_step_off", ["prompt.style=chat", "pipeline.mode=one_step_off", "objective.clip_eps=0.2"], {}),
     ("chat-pool", ["prompt.style=chat", "pipeline.mode=pool", "objective.clip_eps=0.2"], {}),
+    # not a registry: a teacher read in its own tokens and template (objective.tokenizers=cross; here its
+    # tokenizer is the student's, so the alignment is one token a span: tests/test_token_alignment.py)
+    ("cross-tokenizers-chat-k3", ["objective.tokenizers=cross", "prompt.style=chat", "objective.estimator=k3"], {}),
+    ("cross-tokenizers-pool", ["objective.tokenizers=cross", "pipeline.mode=pool", "objective.clip_eps=0.2"], {}),
 ]
 
 # Refusals checked by validation or the pre-flight checks: (the choice refused, or None for a rule
@@ -94,6 +98,9 @@ REFUSED = [
      "recipe key 'objective.estimator': 'full' with teacher spec {spec}: full needs the teacher's model in the "
      "training process, which the vllm_server backend does not give; use backend transformers, or estimator k1, "
      "k3 or topk"),
+    (None, ["objective.tokenizers=cross", "objective.estimator=topk"], None,
+     "recipe key 'objective.tokenizers': cross with estimator topk, which reads the teacher's distribution over "
+     "the student's vocabulary; across tokenizers only the sampled-token estimators are built"),
     (None, ["objective.estimator=topk", "objective.topk=50"], "vllm_server",
      "recipe key 'objective.topk': 50 > the vllm_server teacher's max_logprobs 20 (teacher spec {spec}); lower "
      "objective.topk or raise options.max_logprobs in the spec"),
@@ -110,6 +117,7 @@ VLLM_RUNS = [  # (id, overrides, teacher spec backend, covers)
     ("vllm-teacher-topk", ["objective.estimator=topk", "objective.topk=5"], "vllm", {"teacher backend": "vllm"}),
     ("vllm-server-teacher", [], "vllm_server", {"teacher backend": "vllm_server"}),
     ("vllm-chat", ["policy.backend=vllm", "prompt.style=chat"], "vllm_server", {}),
+    ("vllm-server-teacher-cross", ["objective.tokenizers=cross"], "vllm_server", {}),
 ]
 
 

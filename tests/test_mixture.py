@@ -206,6 +206,10 @@ def test_a_teacher_whose_tokenizer_is_not_the_student_s_is_refused_at_recipe_che
     with pytest.raises(RecipeError, match=r"^recipe key 'teachers.search': student tokenizer \(.*student\) and "
                                           r"teacher tokenizer \(other-teacher\) differ: vocabulary sizes"):
         dry_run(load_recipe(mixed / "recipe.yaml", [f"teachers.search={tmp_path}/other.yaml"]))
+    with pytest.raises(RecipeError, match=r"set objective.tokenizers=cross to distil across tokenizers"):
+        dry_run(load_recipe(mixed / "recipe.yaml", [f"teachers.search={tmp_path}/other.yaml"]))
+    assert dry_run(load_recipe(mixed / "recipe.yaml", [f"teachers.search={tmp_path}/other.yaml",
+                                                       "objective.tokenizers=cross"]))["dry_run"]
     assert dry_run(mixed_recipe(mixed))["dry_run"]
 
 

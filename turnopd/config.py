@@ -227,6 +227,11 @@ class ObjectiveConfig(Section):
     # of one task), under the loss mode's weights; 0: pure OPD (no reward term computed)
     reward_weight: float = field(default=0.0, metadata=_range(0.0))
     advantage: str = field(default="grpo", metadata=_registered("advantage"))
+    # whether the teachers must share the student's tokenizer: `match` (default; a teacher whose
+    # tokenizer differs is refused, from the tokenizer files before any weights load) or `cross` (the
+    # teacher reads each turn rendered in its own chat template and tokenizer, and its log-probs reach
+    # the student's tokens through aligned text spans: turnopd.algorithm.token_alignment)
+    tokenizers: str = field(default="match", metadata=_choices("match", "cross"))
 
     def check(self, run: RunConfig) -> None:
         if self.reward_weight > 0 and run.trainer.group_size < 2:
@@ -246,6 +251,10 @@ class ObjectiveConfig(Section):
         if self.kind == "jsd" and not 0.0 < self.jsd_beta < 1.0:
             raise RecipeError(f"recipe key 'objective.jsd_beta': {self.jsd_beta}; kind=jsd needs 0 < beta < 1")
         self._check_ratio(est, ", ".join(n for n in estimators.names() if estimators.get(n).needs_sampling_logprobs))
+        if self.tokenizers == "cross" and (est.needs_teacher_topk or est.needs_teacher_model):
+            raise RecipeError(f"recipe key 'objective.tokenizers': cross with estimator {self.estimator}, which reads "
+                              "the teacher's distribution over the student's vocabulary; across tokenizers only the "
+                              "sampled-token estimators are built: use k1, k1_proximal, k1_decoupled or k3")
 
     def _check_ratio(self, est: Any, with_ratio: str) -> None:
         """The keys that act on the estimator's importance ratio or read its sampled log-prob."""

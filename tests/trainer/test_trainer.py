@@ -11,6 +11,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from tests.trainer.helpers import (
+    VOCAB,
     configs,
     random_trajectories,
     reference_loss,
@@ -301,3 +302,21 @@ def test_a_crafted_deepspeed_state_file_is_refused_not_run(tmp_path):
     with pytest.raises(CheckpointRefused, match="mp_rank_00_model_states.pt was not loaded: it names io.open"):
         Trainer(tiny_llama(0), *configs("k1"), total_steps=2).load(tmp_path / "ckpt")
     assert not marker.exists()
+
+
+def test_full_compares_heads_of_unequal_rows_on_the_shared_tokenizer_vocabulary():
+    """Qwen2.5 0.5B vs 7B: one tokenizer, 151,936 vs 152,064 embedding rows. A teacher whose head has
+    8 padding rows past the tokenizer's VOCAB ids gives, with vocab=VOCAB, exactly the loss of the same
+    teacher without them; without the vocabulary the unequal heads are refused, naming both."""
+    teacher = tiny_llama(seed=1)
+    padded = copy.deepcopy(teacher)
+    padded.resize_token_embeddings(VOCAB + 8)
+    assert padded.get_output_embeddings().weight.shape[0] == VOCAB + 8
+    losses = []
+    for model, vocab in ((teacher, None), (padded, VOCAB)):
+        trainer = Trainer(tiny_llama(seed=0), *configs("full", "token_mean", micro_batch_tokens=40), total_steps=2,
+                          teacher_model=copy.deepcopy(model), vocab=vocab)
+        losses.append(trainer.step(build_token_batch(TRAJS), alpha=0.0).loss)
+    assert losses[1] == pytest.approx(losses[0], rel=1e-6)
+    with pytest.raises(ValueError, match=rf"student's output head has {VOCAB} rows and the teacher's {VOCAB + 8}"):
+        Trainer(tiny_llama(seed=0), *configs("full", "token_mean"), total_steps=2, teacher_model=copy.deepcopy(padded))

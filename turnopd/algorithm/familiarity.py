@@ -108,19 +108,23 @@ def topk_tail_entropy(topk_logprobs: Sequence[float]) -> float:
     return -sum(p * math.log(p) for p in (*probs, tail) if p > 0)
 
 
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
 def span_signals(logprobs: Sequence[float], spans: Sequence[tuple[int, int]],
                  entropies: Sequence[float] | None = None) -> list[dict[str, float]]:
     """Per action span (start, end) of one scored sequence (positions in order; logprobs[p] is the
     teacher's log-prob of token p, position 0 without context), its context_logprob (mean over
     positions [previous span's end or 1, start)), action_logprob (mean over [start, end)) and, with
-    per-position entropies, action_entropy (mean over [start, end))."""
+    per-position entropies, action_entropy (mean over [start, end)); a mean over no position is NaN
+    (an empty action: a teacher of another tokenizer reads no text in an answer of only its
+    end-of-turn token)."""
     out, previous_end = [], 1
     for start, end in spans:
-        context = logprobs[previous_end:start]
-        signals = {"context_logprob": sum(context) / len(context) if context else math.nan,
-                   "action_logprob": sum(logprobs[start:end]) / (end - start)}
+        signals = {"context_logprob": _mean(logprobs[previous_end:start]), "action_logprob": _mean(logprobs[start:end])}
         if entropies is not None:
-            signals["action_entropy"] = sum(entropies[start:end]) / (end - start)
+            signals["action_entropy"] = _mean(entropies[start:end])
         out.append(signals)
         previous_end = end
     return out

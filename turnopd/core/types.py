@@ -13,6 +13,18 @@ from typing import Any
 import torch
 
 
+@dataclass(frozen=True)
+class AlignedSpan:
+    """Student tokens [student_start, student_end) and teacher tokens [teacher_start, teacher_end) of
+    one action that hold the same bytes, under a teacher of another tokenizer (a tail span holds no
+    teacher token: turnopd.algorithm.token_alignment)."""
+
+    student_start: int
+    student_end: int
+    teacher_start: int
+    teacher_end: int
+
+
 @dataclass
 class Turn:
     """One decision of the agent: the prompt it saw, the tokens it generated, and their scores."""
@@ -36,6 +48,10 @@ class Turn:
     # (the pages' text where the student saw images; None: the teacher reads prompt_ids).
     image_keys: list[str] = field(default_factory=list)
     teacher_prompt_ids: list[int] | None = None
+    # A teacher of another tokenizer (objective.tokenizers=cross): the action's text in the teacher's
+    # tokens, and the spans aligning them with action_ids (teacher_prompt_ids: the turn in its template)
+    teacher_action_ids: list[int] | None = None
+    token_spans: list[AlignedSpan] | None = None
 
     def __post_init__(self) -> None:
         if len(self.student_logprobs) != len(self.action_ids):
@@ -101,7 +117,9 @@ class ScoredSequence:
 def trajectory_sequences(traj: Trajectory, reader: str = "student") -> list[ScoredSequence]:
     """Split a trajectory into the fewest sequences that reproduce what the `reader` saw: the
     student (its prompts, with their screenshots) or the teacher (Turn.teacher_prompt_ids where a
-    turn has them: a text teacher of a student that reads screenshots).
+    turn has them: a text teacher of a student that reads screenshots, or a teacher of another
+    tokenizer, which also reads the actions in its own tokens, Turn.teacher_action_ids; a span then
+    covers those).
 
     When every turn's prompt extends the previous prompt + action (a multi-turn chat that only
     appends), the whole trajectory is ONE sequence and one forward pass scores every turn. When
@@ -123,7 +141,8 @@ def trajectory_sequences(traj: Trajectory, reader: str = "student") -> list[Scor
             sequences.append(current)
         current.image_keys = [] if teacher_text else list(turn.image_keys)
         start = len(current.ids)
-        current.ids.extend(turn.action_ids)
+        own_tokens = reader == "teacher" and turn.teacher_action_ids is not None
+        current.ids.extend(turn.teacher_action_ids if own_tokens else turn.action_ids)
         current.spans.append((start, len(current.ids), turn.index))
     return sequences
 

@@ -39,14 +39,14 @@ from turnopd.analysis.audit import (
     sample_states,
     wilson_interval,
 )
-from turnopd.config import RunConfig
+from turnopd.config import RecipeError, RunConfig
 from turnopd.core import checkpoint as ckpt
 from turnopd.core.types import Trajectory
 from turnopd.loaders.hf_models import load_model
 from turnopd.orchestration.evaluation import teacher_policy
 from turnopd.orchestration.pipeline import sample_tasks
 from turnopd.orchestration.pipeline.plan import step_sampling
-from turnopd.orchestration.preflight import check_setup, scoring_topk
+from turnopd.orchestration.preflight import Setup, check_setup, scoring_topk
 from turnopd.orchestration.startup import build_missing_models, seed_everything
 from turnopd.rollout import Policy, make_policy
 from turnopd.rollout.agent_loop import rollout
@@ -113,10 +113,19 @@ def state_records(trajectories: list[Trajectory], states: list[tuple[int, int]],
     return records, diverged
 
 
+def check_audit_setup(cfg: RunConfig) -> tuple[Setup, list[str]]:
+    """check_setup's, for an audit: its rollouts and scoring read the student's own token ids, so a
+    teacher of another tokenizer (objective.tokenizers=cross) is refused."""
+    if cfg.objective.tokenizers == "cross":
+        raise RecipeError("recipe key 'objective.tokenizers': cross is not built for `turnopd audit`, which "
+                          "scores the student's own token ids; audit with a teacher of the student's tokenizer")
+    return check_setup(cfg)
+
+
 def run_audit(cfg: RunConfig, *, student: str | None = None, episodes: int = 16, per_band: int = 12,
               band_width: int = 10, held_out: bool = False) -> dict[str, Any]:
     """Play, score, take over and summarize (see the module docstring); returns the report."""
-    setup, _ = check_setup(cfg)
+    setup, _ = check_audit_setup(cfg)
     build_missing_models(cfg, setup)
     seed_everything(cfg.seed)
     spec = setup.teacher_specs[cfg.env.name]

@@ -210,23 +210,38 @@ def check_backends(cfg: RunConfig, teacher_specs: dict[str, TeacherSpec]) -> Non
         require_vllm("recipe key 'policy.backend': 'vllm'")
 
 
-def check_local_tokenizers(student_path: Path, teacher_specs: dict[str, TeacherSpec]) -> None:
-    """Each teacher's tokenizer against the student's where both are local folders holding a tokenizer
-    already, before any model is built or loaded (the others are checked as they load,
-    turnopd.orchestration.startup): a teacher scores the student's own token ids, so it must tokenize
-    as the student does."""
-    if not has_tokenizer(student_path):
+def check_local_tokenizers(student_path: Path, teacher_specs: dict[str, TeacherSpec], tokenizers: str = "match"
+                           ) -> None:
+    """Each teacher's tokenizer against the student's where both are found as files already (a
+    teacher's own folder, else the base model its `sft_recipe` fine-tunes), before any model is
+    built or loaded (the others are checked as they load, turnopd.orchestration.startup): under
+    objective.tokenizers=match a teacher scores the student's own token ids, so it must tokenize as
+    the student does; under `cross` it tokenizes in its own way and nothing is compared."""
+    if tokenizers == "cross" or not has_tokenizer(student_path):
         return
     student = None
     for env, spec in teacher_specs.items():
-        folder = Path(spec.tokenizer or spec.model).expanduser()
-        if not has_tokenizer(folder):
+        folder = teacher_tokenizer_folder(spec)
+        if folder is None:
             continue
         student = student or AutoTokenizer.from_pretrained(student_path)
         try:
             check_tokenizers(student, AutoTokenizer.from_pretrained(folder), str(student_path), spec.name)
         except TokenizerMismatchError as exc:
             raise RecipeError(f"recipe key 'teachers.{env}': {exc}") from None
+
+
+def teacher_tokenizer_folder(spec: TeacherSpec) -> Path | None:
+    """The folder of a teacher's tokenizer files, if they are here: its `tokenizer` or `model` folder,
+    else (a teacher not built yet) the `model.path` its `sft_recipe` fine-tunes, whose tokenizer it keeps."""
+    folder = Path(spec.tokenizer or spec.model).expanduser()
+    if has_tokenizer(folder):
+        return folder
+    if spec.sft_recipe and not spec.tokenizer:
+        base = OmegaConf.select(OmegaConf.load(spec.sft_recipe), "model.path")
+        if base and has_tokenizer(Path(base).expanduser()):
+            return Path(base).expanduser()
+    return None
 
 
 def has_tokenizer(folder: Path) -> bool:
@@ -251,7 +266,7 @@ def check_setup(cfg: RunConfig) -> tuple[Setup, list[str]]:
             raise RecipeError(f"recipe key 'teachers.{env}': {exc}") from None
         notes.append(f"teacher for {env}: {check_teacher(teacher_specs[env])}")
     check_backends(cfg, teacher_specs)
-    check_local_tokenizers(Path(cfg.student.path).expanduser(), teacher_specs)
+    check_local_tokenizers(Path(cfg.student.path).expanduser(), teacher_specs, cfg.objective.tokenizers)
     if cfg.world_model.path is not None:
         try:
             meta = load_world_model_meta(cfg.world_model.path, cfg.env.name)

@@ -117,11 +117,16 @@ def load_models(cfg: RunConfig, setup: Setup) -> tuple[Trainer, Any, Policy, dic
               f"{total / 1e6:.1f}M parameters", flush=True)
     teachers = make_teachers(setup.teacher_specs)
     for env, teacher in teachers.items():
-        check_tokenizers(tokenizer, teacher.tokenizer, str(setup.student_path), setup.teacher_specs[env].name)
+        if cfg.objective.tokenizers == "match":
+            check_tokenizers(tokenizer, teacher.tokenizer, str(setup.student_path), setup.teacher_specs[env].name)
+        elif teacher.tokenizer is None:  # cross: the turns are rendered for it in its own tokenizer
+            raise RecipeError(f"recipe key 'objective.tokenizers': cross, and teacher {teacher.name} has no tokenizer "
+                              "here to render its turns with (a vllm_server teacher reads spec.tokenizer or "
+                              "spec.model: name a local tokenizer folder)")
     in_process = ESTIMATORS.get(cfg.objective.estimator).needs_teacher_model
     trainer = Trainer(student, cfg.trainer, cfg.objective, cfg.loss, cfg.trainer.steps,
                       teacher_model=teachers[cfg.env.name].model if in_process else None,
-                      familiarity_cfg=cfg.familiarity)
+                      familiarity_cfg=cfg.familiarity, vocab=len(tokenizer))
     policy = make_policy(cfg.policy, trainer.module, tokenizer=tokenizer, seed=cfg.seed)
     return trainer, tokenizer, policy, teachers
 

@@ -83,25 +83,29 @@ class PolicySample:
 POLICY_SAMPLE = PolicySample()
 
 
-def policy_renderer(spec: EnvSpec, policy: Policy, prompt: PromptConfig | None, sampling: SamplingParams) -> Renderer:
+def policy_renderer(spec: EnvSpec, policy: Policy, prompt: PromptConfig | None, sampling: SamplingParams,
+                    teacher_tokenizer: Any = None) -> Renderer:
     """What `policy` is shown of `spec`'s turns under the recipe's `prompt` section; a chat prompt holds
-    at most prompt.max_context (else the policy's context) less the answer's max_new_tokens."""
+    at most prompt.max_context (else the policy's context) less the answer's max_new_tokens. With a
+    `teacher_tokenizer` (objective.tokenizers=cross) each turn also carries the teacher's own reading
+    of it (turnopd.rollout.render.TeacherTokens)."""
     context = min(policy.max_model_len, prompt.max_context or policy.max_model_len) if prompt else policy.max_model_len
     return renderer_for(spec, policy.tokenizer, image_tokens=policy.image_tokens, prompt=prompt,
-                        max_prompt=context - sampling.max_new_tokens)
+                        max_prompt=context - sampling.max_new_tokens, teacher_tokenizer=teacher_tokenizer)
 
 
 async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *, slot: int, episode: int,
                        env_config: EnvConfig, sampling: SamplingParams, turn_limit: int, is_probe: bool = False,
                        ledger: Any = None, actions: ActionSource = POLICY_SAMPLE,
-                       renderer: Renderer | None = None, prompt: PromptConfig | None = None) -> Trajectory:
+                       renderer: Renderer | None = None, prompt: PromptConfig | None = None,
+                       teacher_tokenizer: Any = None) -> Trajectory:
     """One episode of `task_id` in env-pool slot `slot`, for at most `turn_limit` turns (the batch
     plan's, at most the horizon env_config.max_turns). Stopped by a limit below the horizon with the
     env not done: truncated. Waiting for the env (reset and steps) is the ledger's "env" busy time
     (the pool's `ledger_resource`: a world model's steps are its own busy time, not the env's)."""
     busy = ledger.busy if ledger is not None else (lambda _: nullcontext())
     env = pool.ledger_resource
-    renderer = renderer or policy_renderer(spec, policy, prompt, sampling)
+    renderer = renderer or policy_renderer(spec, policy, prompt, sampling, teacher_tokenizer)
     context_full = False
     trajectory = Trajectory(task_id=task_id, env_name=spec.name, is_probe=is_probe, task_type=spec.task_type(task_id),
                             weight_version=policy.weight_version)
@@ -135,12 +139,12 @@ async def play_episode(spec: EnvSpec, pool: Any, policy: Policy, task_id: str, *
             with busy(env):
                 next_outcome = await pool.step_slot(slot, action.action)
             invalid = not action.valid or bool(next_outcome.info.get("invalid"))
-            trajectory.turns.append(Turn(
+            trajectory.turns.append(renderer.finish_turn(Turn(
                 index=turn_index, observation=outcome.observation, prompt_ids=shown.ids,
                 action_ids=generation.token_ids, student_logprobs=generation.logprobs, action_text=generation.text,
                 reward=next_outcome.reward - (env_config.invalid_action_penalty if invalid else 0.0), invalid=invalid,
                 image_keys=shown.image_keys, teacher_prompt_ids=shown.teacher_ids,
-            ))
+            )))
             history.append((outcome.observation, action.action))
             infos.append(outcome.info)
             outcome = next_outcome
@@ -191,7 +195,7 @@ async def play_all(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *
                    ledger: Any = None, actions: ActionSource = POLICY_SAMPLE,
                    run_episode: EpisodeRunner | None = None,
                    on_episode: Callable[[Trajectory], None] | None = None,
-                   prompt: PromptConfig | None = None) -> list[Trajectory]:
+                   prompt: PromptConfig | None = None, teacher_tokenizer: Any = None) -> list[Trajectory]:
     """`rollout` inside a running event loop."""
     if not tasks:
         raise ValueError("rollout needs at least one task")
@@ -199,7 +203,7 @@ async def play_all(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *
     if len(turn_limits) != len(tasks) or not all(1 <= n <= env_config.max_turns for n in turn_limits):
         raise ValueError(f"rollout needs one turn limit per task, each in [1, env.max_turns={env_config.max_turns}]; "
                          f"got {turn_limits} for {len(tasks)} tasks")
-    renderer = policy_renderer(spec, policy, prompt, sampling)
+    renderer = policy_renderer(spec, policy, prompt, sampling, teacher_tokenizer)
 
     async def play(i: int, task: str) -> Trajectory:
         episode = functools.partial(play_episode, spec, policy=policy, task_id=task, slot=i, episode=i,
@@ -218,7 +222,7 @@ def rollout(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *, env_c
             ledger: Any = None, actions: ActionSource = POLICY_SAMPLE,
             run_episode: EpisodeRunner | None = None,
             on_episode: Callable[[Trajectory], None] | None = None,
-            prompt: PromptConfig | None = None) -> list[Trajectory]:
+            prompt: PromptConfig | None = None, teacher_tokenizer: Any = None) -> list[Trajectory]:
     """Play one episode per task id (repeat a task id for several samples of it), all at once in
     slots 0..len(tasks)-1, episode i for at most turn_limits[i] turns (default: the horizon,
     env_config.max_turns, for every one; the batch plan decides them, probes at the horizon:
@@ -226,7 +230,10 @@ def rollout(spec: EnvSpec, pool: Any, policy: Policy, tasks: list[str], *, env_c
     probes (Trajectory.is_probe). `actions` chooses each turn's action (the policy's sample by
     default); `run_episode` wraps each episode (see the module docstring); `on_episode` is called with
     each trajectory as it ends (a progress bar); `prompt` is the recipe's prompt section (None: the
-    history_block style). Returns the trajectories in the order of `tasks`."""
+    history_block style); `teacher_tokenizer`: a teacher of another tokenizer's, whose reading of each
+    turn the turns carry (objective.tokenizers=cross; None: the teacher reads the student's tokens).
+    Returns the trajectories in the order of `tasks`."""
     return asyncio.run(play_all(spec, pool, policy, tasks, env_config=env_config, sampling=sampling,
                                 turn_limits=turn_limits, probes=probes, ledger=ledger, actions=actions,
-                                run_episode=run_episode, on_episode=on_episode, prompt=prompt))
+                                run_episode=run_episode, on_episode=on_episode, prompt=prompt,
+                                teacher_tokenizer=teacher_tokenizer))

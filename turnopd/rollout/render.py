@@ -9,12 +9,16 @@ policy): the same template with an image in place of each page the window shows,
 text for a text teacher.
 `ChatView` (prompt.style=chat): the episode as one conversation that only grows (token in, token out:
 the ids the policy sampled stay in every later prompt), turnopd.rollout.chat and docs/chat.md.
+`TeacherTokens` (objective.tokenizers=cross) wraps any of them for a teacher of another tokenizer:
+each turn also rendered by the same view over the teacher's tokenizer, and each action's text in the
+teacher's tokens, aligned with the student's (`finish_turn`).
 `renderer_for` picks one. A renderer also reads the policy's answer back into an env action
 (`parse_action`): the env's own parser, or a tool call's argument.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,6 +34,7 @@ from envs.base import (
     screenshot_view,
     shows_screenshots,
 )
+from turnopd.algorithm.token_alignment import cross_tokens
 from turnopd.config import PromptConfig, RecipeError
 from turnopd.core.text import expand_placeholders
 from turnopd.core.types import Turn
@@ -82,6 +87,10 @@ class Renderer(Protocol):
         """How an answer that takes `action` reads (an expert's, in demonstrations)."""
         ...
 
+    def finish_turn(self, turn: Turn) -> Turn:
+        """The turn as played, with what the renderer adds once its action is known."""
+        ...
+
 
 class EnvAnswers:
     """Answers as the env writes and reads them: its answer format and its own parser."""
@@ -93,6 +102,9 @@ class EnvAnswers:
 
     def format_answer(self, action: str, answer_format: str) -> str:
         return format_answer(action, answer_format)
+
+    def finish_turn(self, turn: Turn) -> Turn:
+        return turn
 
 
 def chat_prompt_ids(tokenizer: Any, user_message: str) -> list[int]:
@@ -212,6 +224,47 @@ class ChatView(EnvAnswers):
         return tool_call_text(action) if self.tools else format_answer(action, answer_format)
 
 
+class TeacherTokens:
+    """The student's view (`student`) for a teacher of another tokenizer (objective.tokenizers=cross):
+    each prompt also rendered by the same kind of view over the teacher's tokenizer (`teacher`: the
+    env's template in the teacher's chat template, or the conversation in it, built on the teacher's
+    own reading of the earlier turns) as the prompt the teacher reads, and each action's text in the
+    teacher's tokens with the spans aligning them to the sampled ids
+    (turnopd.algorithm.token_alignment.cross_tokens)."""
+
+    def __init__(self, student: Renderer, teacher: Renderer, student_tokenizer: Any, teacher_tokenizer: Any):
+        self.student, self.teacher = student, teacher
+        self.student_tokenizer, self.teacher_tokenizer = student_tokenizer, teacher_tokenizer
+
+    def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]], turns: Sequence[Turn]
+               ) -> RenderedPrompt | None:
+        shown = self.student.render(ctx, infos, turns)
+        if shown is None:
+            return None
+        theirs = self.teacher.render(ctx, infos, [teacher_reading(turn) for turn in turns])
+        return dataclasses.replace(shown, teacher_ids=theirs.ids)
+
+    def parse_action(self, text: str) -> ParsedAction:
+        return self.student.parse_action(text)
+
+    def format_answer(self, action: str, answer_format: str) -> str:
+        return self.student.format_answer(action, answer_format)
+
+    def finish_turn(self, turn: Turn) -> Turn:
+        cross = cross_tokens(self.student_tokenizer, self.teacher_tokenizer, turn.action_ids)
+        return dataclasses.replace(self.student.finish_turn(turn), teacher_action_ids=cross.teacher_ids,
+                                   token_spans=cross.spans)
+
+
+def teacher_reading(turn: Turn) -> Turn:
+    """A played turn as a teacher of another tokenizer read it: its prompt and action in that teacher's
+    tokens (what a view over the teacher's tokenizer continues a conversation from)."""
+    if turn.teacher_prompt_ids is None or turn.teacher_action_ids is None:
+        raise ValueError(f"turn {turn.index} has no teacher tokens: it was played without the teacher's view")
+    return dataclasses.replace(turn, prompt_ids=turn.teacher_prompt_ids, action_ids=turn.teacher_action_ids,
+                               student_logprobs=[0.0] * len(turn.teacher_action_ids))
+
+
 def observation_message(ctx: PromptContext) -> str:
     """A later turn's message in a chat: the env's observation and, where the env lists them, the
     admissible actions."""
@@ -221,12 +274,21 @@ def observation_message(ctx: PromptContext) -> str:
 
 
 def renderer_for(spec: EnvSpec, tokenizer: Any, *, image_tokens: int = 0, prompt: PromptConfig | None = None,
-                 max_prompt: int | None = None) -> Renderer:
+                 max_prompt: int | None = None, teacher_tokenizer: Any = None) -> Renderer:
     """The policy's view of `spec`'s turns: a chat for prompt.style=chat; else screenshots for a
     vision-language policy (`image_tokens` positions an image) in an env that shows them, else text
     (a policy that reads no images, e.g. the text teacher played as a policy in its evaluation, reads
-    the pages' text). `max_prompt`: the most tokens a chat prompt may hold (None: no bound)."""
+    the pages' text). `max_prompt`: the most tokens a chat prompt may hold (None: no bound).
+    `teacher_tokenizer`: a teacher of another tokenizer's (objective.tokenizers=cross), whose own
+    view of every turn the returned `TeacherTokens` adds (the teacher's context is its max_length,
+    checked as it scores)."""
     prompt = prompt or PromptConfig()
+    if teacher_tokenizer is not None:
+        if shows_screenshots(spec) and image_tokens:
+            raise RecipeError(f"recipe key 'objective.tokenizers': cross with env {spec.name}, which shows "
+                              "screenshots to a vision-language student, is not built; use objective.tokenizers=match")
+        return TeacherTokens(renderer_for(spec, tokenizer, prompt=prompt, max_prompt=max_prompt),
+                             renderer_for(spec, teacher_tokenizer, prompt=prompt), tokenizer, teacher_tokenizer)
     if prompt.style == "chat":
         if shows_screenshots(spec):
             raise RecipeError(f"recipe key 'prompt.style': chat with env {spec.name}, which shows screenshots, is "

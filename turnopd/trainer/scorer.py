@@ -143,7 +143,9 @@ class ActionScorer(nn.Module):
         hidden = decode(self.model, input_ids, self.share_prefix, pixel_values)
         hidden, token_ids = select_predicting(hidden, input_ids, scored)
         if estimator.needs_teacher_model:
-            inputs = dataclasses.replace(inputs, student_hidden=hidden, student_head=self.head_weight)
+            # the student's head cut to the teacher's rows (the shared tokenizer's vocabulary, Trainer.vocab)
+            inputs = dataclasses.replace(inputs, student_hidden=hidden,
+                                         student_head=self.head_weight[: inputs.teacher_head.shape[0]])
             loss = estimator.token_loss(inputs, settings)
             return {"loss": loss, "kl": loss}
         topk_ids = inputs.teacher_topk_ids if estimator.needs_teacher_topk else None

@@ -205,22 +205,32 @@ def keep_trainable(module: nn.Module, state: dict[str, Any], prefix: str, local_
         del state[key]
 
 
-def check_in_process_teacher(student: nn.Module, teacher: nn.Module | None, estimator: str) -> None:
+def check_in_process_teacher(student: nn.Module, teacher: nn.Module | None, estimator: str,
+                             vocab: int | None = None) -> int:
     """An estimator that reads the teacher's hidden states needs the teacher here, a causal LM whose
-    output head has the student's rows."""
+    output head covers the tokenizer's vocabulary. Returns V, the head rows compared: all of them when
+    both heads have as many, else the shared tokenizer's `vocab` (len(tokenizer)), the rows past it
+    being the padding of an embedding table rounded up (Qwen2.5 0.5B-3B: 151,936 rows, 7B+: 152,064,
+    one tokenizer of 151,665 ids), which no text tokenizes to."""
     if teacher is None:
         raise ValueError(f"objective.estimator={estimator} needs the teacher model in this "
                          "process (teacher_model=...); use k1, k3 or topk with a remote teacher")
     check_causal_lm(teacher, "teacher")
-    vocab = (student.get_output_embeddings().weight.shape[0], teacher.get_output_embeddings().weight.shape[0])
-    if vocab[0] != vocab[1]:
-        raise ValueError(f"estimator=full needs equal vocabularies: student {vocab[0]}, teacher {vocab[1]}")
+    rows = (student.get_output_embeddings().weight.shape[0], teacher.get_output_embeddings().weight.shape[0])
+    if rows[0] == rows[1]:
+        return rows[0]
+    if vocab is None or vocab > min(rows):
+        raise ValueError(f"estimator=full: the student's output head has {rows[0]} rows and the teacher's {rows[1]}; "
+                         f"they are compared on their shared tokenizer's vocabulary, which must fit both "
+                         f"(got {vocab})")
+    return vocab
 
 
 class Trainer:
     """A DeepSpeed engine around an HF causal LM student, minimizing the OPD loss.
 
-    Trainer(model, trainer_cfg, objective_cfg, loss_cfg, total_steps, teacher_model=None, familiarity_cfg=None)
+    Trainer(model, trainer_cfg, objective_cfg, loss_cfg, total_steps, teacher_model=None, familiarity_cfg=None,
+            vocab=None)                 vocab: the tokenizer's vocabulary size (`full` with heads of unequal rows)
     step(batch, alpha) -> StepResult   one optimizer step on this rank's share of the batch
     module                              the HF model (trained in place)
     save(dir) / load(dir)               HF weights + optimizer + scheduler + step counter; call on
@@ -229,7 +239,7 @@ class Trainer:
 
     def __init__(self, model: nn.Module, trainer_cfg: TrainerConfig, objective_cfg: ObjectiveConfig,
                  loss_cfg: LossConfig, total_steps: int, teacher_model: nn.Module | None = None,
-                 familiarity_cfg: FamiliarityConfig | None = None):
+                 familiarity_cfg: FamiliarityConfig | None = None, vocab: int | None = None):
         init_process_group()  # before importing deepspeed: it picks the accelerator on import
 
         self.cfg, self.objective, self.loss_cfg = trainer_cfg, objective_cfg, loss_cfg
@@ -238,8 +248,8 @@ class Trainer:
             raise ValueError(f"total_steps must be >= 1, got {total_steps}")
         check_causal_lm(model, "student")
         self.estimator = ESTIMATORS.get(objective_cfg.estimator)
-        if self.estimator.needs_teacher_model:
-            check_in_process_teacher(model, teacher_model, objective_cfg.estimator)
+        self.vocab = (check_in_process_teacher(model, teacher_model, objective_cfg.estimator, vocab)
+                      if self.estimator.needs_teacher_model else None)
         dtype = resolve_dtype(trainer_cfg.dtype)
         if trainer_cfg.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -518,7 +528,7 @@ class Trainer:
                                          teacher_topk=tokens.topk_logprobs[idx].to(device))
         if self.estimator.needs_teacher_model:
             inputs = dataclasses.replace(inputs, teacher_hidden=teacher_hidden,
-                                         teacher_head=self.teacher.get_output_embeddings().weight)
+                                         teacher_head=self.teacher.get_output_embeddings().weight[: self.vocab])
         out = self.engine(ids, scored, self.estimator, self.objective, inputs, pixel_values=self._pixel_values(mb))
         return out["loss"], out["kl"]
 

@@ -47,7 +47,14 @@ from turnopd.core.ledger import Ledger
 from turnopd.core.types import Trajectory
 from turnopd.loaders.hf_models import load_student
 from turnopd.orchestration.pipeline.base import PIPELINE_MODES, PipelineMode, PipelineStats
-from turnopd.orchestration.pipeline.plan import BatchPlan, Episodes, score, step_episodes, wave_episodes
+from turnopd.orchestration.pipeline.plan import (
+    BatchPlan,
+    Episodes,
+    score,
+    step_episodes,
+    teacher_tokenizer,
+    wave_episodes,
+)
 from turnopd.orchestration.pipeline.shared_weights import (
     POLL_S,
     SPAWN,
@@ -170,7 +177,8 @@ async def _serve(cfg: RunConfig, setup: Setup, weights: SharedWeights, requests:
             return await play_episode(setup.spec, pool, policy, task, slot=slot, episode=episode, env_config=cfg.env,
                                       sampling=request.episodes.sampling,
                                       turn_limit=request.episodes.turn_limits[episode],
-                                      is_probe=episode < request.episodes.probes, ledger=ledger, prompt=cfg.prompt)
+                                      is_probe=episode < request.episodes.probes, ledger=ledger, prompt=cfg.prompt,
+                                      teacher_tokenizer=teacher_tokenizer(cfg, teachers, setup.spec.name))
 
     async def answer(request: GenerationRequest) -> None:
         try:

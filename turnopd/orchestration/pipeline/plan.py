@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -215,6 +216,12 @@ def wave_episodes(cfg: RunConfig, train_tasks: list[str], start_step: int, wave:
                     dataclasses.replace(step_sampling(cfg, wave), seed=seed))
 
 
+def teacher_tokenizer(cfg: RunConfig, teachers: dict[str, Teacher], env: str) -> Any:
+    """The tokenizer of `env`'s teacher when it reads turns in its own tokens (objective.tokenizers=cross),
+    else None (it reads the student's)."""
+    return teachers[env].tokenizer if cfg.objective.tokenizers == "cross" else None
+
+
 def score(cfg: RunConfig, teachers: dict[str, Teacher], trajectories: list[Trajectory]) -> None:
     """The teachers' scores the estimator needs in the batch (none for one whose teacher runs in
     the training step: it is not run twice)."""
@@ -238,7 +245,8 @@ def play_and_score(cfg: RunConfig, spec: EnvSpec, pool: EnvPool, policy: Policy,
                                turn_limits=episodes.turn_limits, probes=episodes.probes, ledger=ledger,
                                actions=judge or POLICY_SAMPLE,
                                run_episode=world.runner(pool, episodes.simulated, ledger.busy) if world else None,
-                               on_episode=progress.episode_done, prompt=cfg.prompt)
+                               on_episode=progress.episode_done, prompt=cfg.prompt,
+                               teacher_tokenizer=teacher_tokenizer(cfg, teachers, spec.name))
         if world is not None and cfg.world_model.denoise == "trajectory_variance" and cfg.world_model.samples >= 2:
             weights = inverse_variance_weights([trajectory_variance(trace_of(t).disagreements) for t in trajectories],
                                                cfg.world_model.variance_floor)
