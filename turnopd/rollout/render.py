@@ -138,7 +138,8 @@ class ScreenshotView(EnvAnswers):
     tokenizer: Any
     image_tokens: int
 
-    def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]], turns: Sequence[Turn]) -> RenderedPrompt:
+    def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]], turns: Sequence[Turn],
+               prior: Sequence[PriorStep] = ()) -> RenderedPrompt:
         text = chat_prompt_ids(self.tokenizer, self.spec.render_prompt(ctx))
         view, keys = screenshot_view(ctx, [info.get("screenshot", "") for info in infos], self.spec.screenshot_window)
         placeholder = self.tokenizer.convert_tokens_to_ids(IMAGE_PLACEHOLDER)
@@ -236,12 +237,12 @@ class TeacherTokens:
         self.student, self.teacher = student, teacher
         self.student_tokenizer, self.teacher_tokenizer = student_tokenizer, teacher_tokenizer
 
-    def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]], turns: Sequence[Turn]
-               ) -> RenderedPrompt | None:
-        shown = self.student.render(ctx, infos, turns)
+    def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]], turns: Sequence[Turn],
+               prior: Sequence[PriorStep] = ()) -> RenderedPrompt | None:
+        shown = self.student.render(ctx, infos, turns, prior)
         if shown is None:
             return None
-        theirs = self.teacher.render(ctx, infos, [teacher_reading(turn) for turn in turns])
+        theirs = self.teacher.render(ctx, infos, [teacher_reading(turn) for turn in turns], prior)
         return dataclasses.replace(shown, teacher_ids=theirs.ids)
 
     def parse_action(self, text: str) -> ParsedAction:
