@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,8 +17,11 @@ import torch
 
 from turnopd.config import TrainerConfig
 
-# The shared-memory comm op compiles on first use (about a minute): keep it in one cached folder.
-TORCH_EXTENSIONS_DIR = Path.home() / ".cache" / "turnopd" / "torch_extensions"
+# The shared-memory comm op compiles on first use (about a minute): keep it in one cached folder per
+# Python environment. Two environments (the main install and the vLLM one) compile with different
+# include paths, so a shared folder made each rebuild it over the other's on every start.
+TORCH_EXTENSIONS_DIR = (Path.home() / ".cache" / "turnopd" / "torch_extensions"
+                        / hashlib.sha256(sys.prefix.encode()).hexdigest()[:12])
 
 # Keys TurnOPD owns. The optimizer is a torch AdamW instance (an optimizer in the config would
 # JIT-compile fused_adam for minutes), the schedule is TurnOPD's, and micro-batches are packed by
