@@ -37,6 +37,7 @@ from turnopd.orchestration.pipeline.mixture import (
     open_pools,
     per_env_fields,
     plan_step,
+    plan_work_bound,
 )
 from turnopd.orchestration.pipeline.plan import BatchPlan, plan_batch, sample_tasks, scoring_topk, work_left
 
@@ -49,4 +50,4 @@ def open_rollouts(cfg, setup, **backends):
 
 __all__ = ["PIPELINE_MODES", "BatchPlan", "EnvPools", "GeneratorError", "MixturePlan", "PipelineMode",
            "PipelineStats", "Rollouts", "env_parts", "make_depth", "open_pools", "open_rollouts", "per_env_fields",
-           "plan_batch", "plan_step", "sample_tasks", "scoring_topk", "work_left"]
+           "plan_batch", "plan_step", "plan_work_bound", "sample_tasks", "scoring_topk", "work_left"]
