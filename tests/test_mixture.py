@@ -355,6 +355,24 @@ def test_a_mixed_run_records_each_env_s_depth_and_evaluation(mixed, mode):
         assert r["avg_at_k"] == pytest.approx(sum(e["avg_at_k"] for e in r["per_env"].values()) / 2)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "pool"])
+def test_a_mixed_run_ends_within_one_episode_of_its_work_budget(mixed, mode):
+    """A budget of 7 env steps, a step of 2 ALFWorld episodes (horizon 3) and 2 search ones (horizon 2):
+    the run stops at the step that reaches the budget, at most one episode's steps (3) past it, in
+    every mode (pool's steps counted at each env's horizon: their waves were requested earlier)."""
+    import json
+
+    from turnopd.orchestration.distill import run_distillation
+
+    summary = run_distillation(mixed_recipe(mixed, "trainer.steps=6", "trainer.budget.unit=env_steps",
+                                            "trainer.budget.amount=7", f"pipeline.mode={mode}", "eval.max_tasks=1",
+                                            *(ASYNC if mode != "sync" else ())))
+    records = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    spent = [r["env_steps"] for r in records if r["kind"] == "train"]
+    assert 7 <= sum(spent) <= 7 + 3 and sum(spent[:-1]) < 7 and len(spent) < 6
+
+
 def test_frontier_reads_the_mean_or_one_env_of_a_mixed_run(tmp_path):
     import json
 
