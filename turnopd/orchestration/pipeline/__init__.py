@@ -24,6 +24,11 @@ one_step_off the step after it (the next batch is planned and generated while th
 in pool the waves requested after it. Under trainer.budget (env steps, tokens generated) a plan
 made ahead counts only on what the step training meanwhile cannot spend (plan.work_left), and a
 pool step takes only its plan's episodes (docs/recipes.md, Training budgets).
+
+A multi-env run (recipe key `envs`) works in every mode, each env's share planned by its own depth
+controller, played in its own env pool with its recipe view and scored by its own teacher: sync plays
+the envs at once (pipeline.mixture.play_mixture); one_step_off and pool send the generator a request
+per env, and pool queues and requests each env's waves apart (pipeline.generator.EnvStream).
 """
 
 from turnopd.orchestration.pipeline import generator, in_process  # noqa: F401  (register the modes)
