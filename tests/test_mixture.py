@@ -4,6 +4,8 @@ batch, all against hand-worked numbers."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from turnopd.algorithm.controllers import DepthController, EnvDepths
 from turnopd.algorithm.mixture import apportion, mixture_episodes
 from turnopd.algorithm.objective import token_weights
 from turnopd.config import RecipeError, check_consistency, env_views, validate
-from turnopd.core.types import EpisodeSummary, Trajectory, Turn
+from turnopd.core.types import EpisodeSummary, Trajectory, Turn, build_token_batch
 from turnopd.orchestration.pipeline import MixturePlan, per_env_fields
 from turnopd.orchestration.pipeline.plan import BatchPlan
 from turnopd.orchestration.recipe import BACKEND_REGISTRIES, check_screenshots, load_recipe
@@ -87,8 +89,6 @@ def test_fixed_episodes_per_env():
     ({"envs.search": 0.25}, "recipe key 'envs.search': 0.25 is a value; give a mapping, e.g. {weight: 0.5}"),
     ({"envs.search.max_turn": 4}, "recipe key 'envs.search.max_turn': Key 'max_turn' not in 'EnvConfig'"),
     ({"envs.nosuch": {"weight": 0.0}}, "recipe key 'envs.nosuch.name': 'nosuch' is not allowed"),
-    ({"objective.estimator": "full"}, "recipe key 'objective.estimator' with a multi-env run (envs): the trainer "
-                                      "holds one in-process teacher"),
     ({"pipeline.mode": "pool", "pipeline.wave_episodes": 2, "envs.alfworld.weight": 0.75, "envs.search.weight": 0.25},
      "recipe key 'pipeline.wave_episodes': 2 gives env 'search' no whole group"),
     ({"depth.h_min": 5}, "recipe key 'depth.h_min'=5 exceeds the horizon 'env.max_turns'=4"),
@@ -200,6 +200,38 @@ def test_mixed_batch_loss_weights_share_by_trajectory_whatever_the_horizon():
     expected = torch.tensor([5 / 48, 5 / 48, 7 / 48, 7 / 48, 1 / 8, 1 / 8, 1 / 8, 1 / 8], dtype=w.dtype)
     torch.testing.assert_close(w, expected)
     assert float(w[:4].sum()) == pytest.approx(0.5) and float(w[4:].sum()) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "progressive"])
+def test_in_process_teachers_each_read_their_own_env_s_sequences(mode):
+    """estimator full with a teacher per env in the training process: the step's loss is the sum over
+    tokens of the mixed batch's weights times the reverse KL to the token's own env's teacher; with one
+    teacher for all it would differ."""
+    from tests.trainer.helpers import (
+        configs,
+        random_trajectories,
+        reference_loss,
+        reference_weights,
+        tiny_llama,
+    )
+    from turnopd.trainer import Trainer
+
+    trajs = random_trajectories(seed=0, count=4)
+    trajs = [dataclasses.replace(t, env_name=env) for t, env in zip(trajs, ["a", "b", "a", "b"], strict=True)]
+    teachers = {"a": tiny_llama(seed=1), "b": tiny_llama(seed=2)}
+    trainer = Trainer(tiny_llama(seed=0), *configs("full", mode, micro_batch_tokens=40), total_steps=2,
+                      teacher_model={env: copy.deepcopy(t) for env, t in teachers.items()})
+    weights = reference_weights(trajs, mode, alpha=0.3)
+    sizes = [sum(len(turn.action_ids) for turn in t.turns) for t in trajs]
+    starts = [sum(sizes[:i]) for i in range(len(trajs))]
+    student = tiny_llama(seed=0)
+    expected = sum(reference_loss(student, [t], "full", mode, 0.3, teacher=teachers[t.env_name],
+                                  weights=weights[start:start + size]).item()
+                   for t, start, size in zip(trajs, starts, sizes, strict=True))
+    one_teacher = reference_loss(student, trajs, "full", mode, 0.3, teacher=teachers["a"]).item()
+    result = trainer.step(build_token_batch(trajs), alpha=0.3)
+    assert result.loss == pytest.approx(expected, rel=1e-5) and abs(expected - one_teacher) > 1e-4
+    assert result.num_micro_batches >= 2  # one env's sequences a micro-batch
 
 
 MIXED_RECIPE = """
@@ -329,14 +361,14 @@ def test_the_generator_plays_each_env_in_its_pool_and_scores_it_with_its_env_s_t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["sync", "one_step_off", "pool"])
-def test_a_mixed_run_records_each_env_s_depth_and_evaluation(mixed, mode):
+@pytest.mark.parametrize(("mode", "overrides"), [("sync", ()), ("one_step_off", ASYNC), ("pool", ASYNC),
+                                                 ("sync", ("objective.estimator=full",))])  # teachers in-process
+def test_a_mixed_run_records_each_env_s_depth_and_evaluation(mixed, mode, overrides):
     import json
 
     from turnopd.orchestration.distill import run_distillation
 
-    summary = run_distillation(mixed_recipe(mixed, "eval.teacher=true", f"pipeline.mode={mode}",
-                                            *(ASYNC if mode != "sync" else ())))
+    summary = run_distillation(mixed_recipe(mixed, "eval.teacher=true", f"pipeline.mode={mode}", *overrides))
     records = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
     assert len(train) == 2 and all(r["pipeline"]["mode"] == mode for r in train)

@@ -624,8 +624,7 @@ def mixture_counts(run: RunConfig, mixture: list[MixtureEnv]) -> list[int]:
 
 def check_mixture(run: RunConfig, mixture: list[MixtureEnv]) -> None:
     """A multi-env recipe: every env's share given one way, whole groups summing to the step's episodes
-    (and to a pool wave's), and nothing that serves one env only: a world model, the judge, or a teacher
-    in the training step."""
+    (and to a pool wave's), and nothing that serves one env only: a world model or the judge."""
     by_weight = mixture[0].weight is not None
     for share in mixture:
         if (share.weight is None) == (share.episodes is None) or (share.weight is not None) != by_weight:
@@ -655,10 +654,7 @@ def check_mixture(run: RunConfig, mixture: list[MixtureEnv]) -> None:
                                   f"{share.env.name!r} no whole group of trainer.group_size={run.trainer.group_size} "
                                   "a wave (each env's waves are its share of them); raise it")
     why = {"world_model.path": (run.world_model.path is not None, "a world model simulates one env"),
-           "judge.by": (run.judge.by != "none", "the judge plays in one env's pool (the run's add-ons are one env's)"),
-           "objective.estimator": (algorithm_registries()["estimator"].get(run.objective.estimator).needs_teacher_model,
-                                   "the trainer holds one in-process teacher, and a micro-batch mixes the envs' "
-                                   "trajectories; use k1, k3 or topk (each env's teacher scores its own from the batch)")}
+           "judge.by": (run.judge.by != "none", "the judge plays in one env's pool (the run's add-ons are one env's)")}
     for key, (refused, reason) in why.items():
         if refused:
             raise RecipeError(f"recipe key {key!r} with a multi-env run (envs): {reason}")

@@ -118,9 +118,10 @@ def load_models(cfg: RunConfig, setup: Setup) -> tuple[Trainer, Any, Policy, dic
     teachers = make_teachers(setup.teacher_specs)
     for env, teacher in teachers.items():
         check_tokenizers(tokenizer, teacher.tokenizer, str(setup.student_path), setup.teacher_specs[env].name)
-    in_process = ESTIMATORS.get(cfg.objective.estimator).needs_teacher_model
-    trainer = Trainer(student, cfg.trainer, cfg.objective, cfg.loss, cfg.trainer.steps,
-                      teacher_model=teachers[cfg.env.name].model if in_process else None,
+    teacher_model = None
+    if ESTIMATORS.get(cfg.objective.estimator).needs_teacher_model:  # a multi-env run's by env: each reads its env's
+        teacher_model = {env: t.model for env, t in teachers.items()} if cfg.envs else teachers[cfg.env.name].model
+    trainer = Trainer(student, cfg.trainer, cfg.objective, cfg.loss, cfg.trainer.steps, teacher_model=teacher_model,
                       familiarity_cfg=cfg.familiarity)
     policy = make_policy(cfg.policy, trainer.module, tokenizer=tokenizer, seed=cfg.seed)
     return trainer, tokenizer, policy, teachers
