@@ -4,6 +4,8 @@ batch, all against hand-worked numbers."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from turnopd.algorithm.controllers import DepthController, EnvDepths
 from turnopd.algorithm.mixture import apportion, mixture_episodes
 from turnopd.algorithm.objective import token_weights
 from turnopd.config import RecipeError, check_consistency, env_views, validate
-from turnopd.core.types import EpisodeSummary, Trajectory, Turn
+from turnopd.core.types import EpisodeSummary, Trajectory, Turn, build_token_batch
 from turnopd.orchestration.pipeline import MixturePlan, per_env_fields
 from turnopd.orchestration.pipeline.plan import BatchPlan
 from turnopd.orchestration.recipe import BACKEND_REGISTRIES, check_screenshots, load_recipe
@@ -87,16 +89,46 @@ def test_fixed_episodes_per_env():
     ({"envs.search": 0.25}, "recipe key 'envs.search': 0.25 is a value; give a mapping, e.g. {weight: 0.5}"),
     ({"envs.search.max_turn": 4}, "recipe key 'envs.search.max_turn': Key 'max_turn' not in 'EnvConfig'"),
     ({"envs.nosuch": {"weight": 0.0}}, "recipe key 'envs.nosuch.name': 'nosuch' is not allowed"),
-    ({"pipeline.mode": "one_step_off"}, "recipe key 'pipeline.mode' with a multi-env run (envs)"),
-    ({"objective.estimator": "full"}, "recipe key 'objective.estimator' with a multi-env run (envs)"),
-    ({"trainer.budget": {"unit": "env_steps", "amount": 100}},
-     "recipe key 'trainer.budget.unit': 'env_steps' with a multi-env run (envs)"),
+    ({"pipeline.mode": "pool", "pipeline.wave_episodes": 2, "envs.alfworld.weight": 0.75, "envs.search.weight": 0.25},
+     "recipe key 'pipeline.wave_episodes': 2 gives env 'search' no whole group"),
     ({"depth.h_min": 5}, "recipe key 'depth.h_min'=5 exceeds the horizon 'env.max_turns'=4"),
 ])
 def test_bad_mixtures_are_refused_naming_the_key(keys, message):
     with pytest.raises(RecipeError) as err:
         checked(mixture_recipe(**keys))
     assert str(err.value).startswith(message) and "\n" not in str(err.value), str(err.value)
+
+
+def test_a_budget_in_work_holds_across_the_mixture():
+    """8 episodes by 0.75 / 0.25: ALFWorld's 6 at 40 turns, search's 2 at 4, an env step each. The
+    budget keeps the mixture's first episodes in the order a, a, b, a, a, a, b, a: with 100 env steps
+    left, a + a + b = 84 < 100 and the 4th (a) reaches it, so the step plays 3 ALFWorld episodes and 1
+    search one, at most 124: past the budget by less than one episode (40). With 50 left, a + a = 80:
+    no search episode, and search has no plan this step."""
+    from turnopd.orchestration.pipeline import make_depth, plan_step, plan_work_bound
+    from turnopd.orchestration.pipeline.mixture import mixture_order
+
+    cfg = checked(mixture_recipe(**{"trainer.budget": {"unit": "env_steps", "amount": 100}}))
+    assert mixture_order({"alfworld": 6, "search": 2}) == ["alfworld", "alfworld", "search"] + ["alfworld"] * 3 + [
+        "search", "alfworld"]
+    depth = make_depth(cfg)
+    whole = plan_step(depth, 0, cfg)
+    assert plan_work_bound(cfg, whole) == 6 * 40 + 2 * 4
+    assert plan_step(depth, 0, cfg, 1000) == whole
+    cut = plan_step(depth, 0, cfg, 100)
+    assert {env: p.turn_limits for env, p in cut.envs.items()} == {"alfworld": (40,) * 3, "search": (4,)}
+    assert plan_work_bound(cfg, cut) == 124
+    assert {env: p.turn_limits for env, p in plan_step(depth, 0, cfg, 50).envs.items()} == {"alfworld": (40, 40)}
+    tokens = checked(mixture_recipe(**{"trainer.budget": {"unit": "tokens_generated", "amount": 100}}))
+    assert plan_work_bound(tokens, plan_step(depth, 0, tokens)) == (6 * 40 + 2 * 4) * tokens.policy.max_new_tokens
+
+
+def test_pool_waves_are_shared_out_like_steps():
+    """pipeline.wave_episodes 4 of a 0.75 / 0.25 mixture: 3 and 1 (apportioned as a step's 8 are, 6 and 2);
+    none given: each env's waves are its step's share."""
+    views = env_views(checked(mixture_recipe(**{"pipeline.mode": "pool", "pipeline.wave_episodes": 4})))
+    assert [v.pipeline.wave_episodes for v in views.values()] == [3, 1]
+    assert [v.pipeline.wave_episodes for v in env_views(checked(mixture_recipe())).values()] == [None, None]
 
 
 def test_a_screenshot_env_is_refused_in_a_mixture():
@@ -170,6 +202,38 @@ def test_mixed_batch_loss_weights_share_by_trajectory_whatever_the_horizon():
     assert float(w[:4].sum()) == pytest.approx(0.5) and float(w[4:].sum()) == pytest.approx(0.5)
 
 
+@pytest.mark.parametrize("mode", ["token_mean", "progressive"])
+def test_in_process_teachers_each_read_their_own_env_s_sequences(mode):
+    """estimator full with a teacher per env in the training process: the step's loss is the sum over
+    tokens of the mixed batch's weights times the reverse KL to the token's own env's teacher; with one
+    teacher for all it would differ."""
+    from tests.trainer.helpers import (
+        configs,
+        random_trajectories,
+        reference_loss,
+        reference_weights,
+        tiny_llama,
+    )
+    from turnopd.trainer import Trainer
+
+    trajs = random_trajectories(seed=0, count=4)
+    trajs = [dataclasses.replace(t, env_name=env) for t, env in zip(trajs, ["a", "b", "a", "b"], strict=True)]
+    teachers = {"a": tiny_llama(seed=1), "b": tiny_llama(seed=2)}
+    trainer = Trainer(tiny_llama(seed=0), *configs("full", mode, micro_batch_tokens=40), total_steps=2,
+                      teacher_model={env: copy.deepcopy(t) for env, t in teachers.items()})
+    weights = reference_weights(trajs, mode, alpha=0.3)
+    sizes = [sum(len(turn.action_ids) for turn in t.turns) for t in trajs]
+    starts = [sum(sizes[:i]) for i in range(len(trajs))]
+    student = tiny_llama(seed=0)
+    expected = sum(reference_loss(student, [t], "full", mode, 0.3, teacher=teachers[t.env_name],
+                                  weights=weights[start:start + size]).item()
+                   for t, start, size in zip(trajs, starts, sizes, strict=True))
+    one_teacher = reference_loss(student, trajs, "full", mode, 0.3, teacher=teachers["a"]).item()
+    result = trainer.step(build_token_batch(trajs), alpha=0.3)
+    assert result.loss == pytest.approx(expected, rel=1e-5) and abs(expected - one_teacher) > 1e-4
+    assert result.num_micro_batches >= 2  # one env's sequences a micro-batch
+
+
 MIXED_RECIPE = """
 name: mixed
 envs:
@@ -213,6 +277,16 @@ def test_a_teacher_whose_tokenizer_is_not_the_student_s_is_refused_at_recipe_che
     assert dry_run(mixed_recipe(mixed))["dry_run"]
 
 
+def test_eval_split_is_every_env_s_held_out_split(mixed):
+    """eval.split overrides each env's env.eval_split, as in a single-env run: a split of every env."""
+    from turnopd.orchestration.preflight import check_setup
+
+    setup, _ = check_setup(mixed_recipe(mixed, "eval.split=train"))
+    assert {env: part.eval_split for env, part in setup.envs.items()} == {"alfworld": "train", "search": "train"}
+    with pytest.raises(RecipeError, match=r"^recipe key 'eval.split': unknown search split 'valid_seen' in "):
+        check_setup(mixed_recipe(mixed, "eval.split=valid_seen"))
+
+
 def mixed_recipe(root: Path, *overrides: str):
     """The loop recipe with the mixture, its search teacher added (LOOP_RECIPE names the ALFWorld one)."""
     return load_recipe(root / "recipe.yaml", [f"teachers.search={root}/search_teacher.yaml", *overrides])
@@ -254,16 +328,54 @@ def test_a_mixed_batch_plays_each_env_in_its_pool_and_is_scored_by_its_env_s_tea
             assert turn.teacher_logprobs != pytest.approx(action_logprobs(other.model, turn), abs=1e-3)
 
 
+ASYNC = ("objective.clip_eps=0.2",)  # k1 on stale tokens needs its ratio clipped (recipe check)
+
+
 @pytest.mark.slow
-def test_a_mixed_run_records_each_env_s_depth_and_evaluation(mixed):
+@pytest.mark.parametrize("mode", ["one_step_off", "pool"])
+def test_the_generator_plays_each_env_in_its_pool_and_scores_it_with_its_env_s_teacher(mixed, mode):
+    """one_step_off and pool: the generator process plays each env's share of a MixturePlan (pool: from
+    each env's own wave queue) and scores each trajectory with its env's teacher."""
+    from teachers import make_teachers
+    from turnopd.core.ledger import Ledger
+    from turnopd.loaders.hf_models import load_student
+    from turnopd.orchestration.pipeline import make_depth, open_rollouts, plan_step
+    from turnopd.orchestration.preflight import check_setup
+    from turnopd.trainer import Trainer
+
+    cfg = mixed_recipe(mixed, f"pipeline.mode={mode}", *ASYNC)
+    setup, _ = check_setup(cfg)
+    student, _ = load_student(setup.student_path, cfg.student.dtype, cfg.student.lora)
+    trainer = Trainer(student, cfg.trainer, cfg.objective, cfg.loss, cfg.trainer.steps)
+    depth = make_depth(cfg)
+    plan = plan_step(depth, 0, cfg)
+    with open_rollouts(cfg, setup, trainer=trainer, depth=depth, ledger=Ledger(), start_step=0) as rollouts:
+        trajectories = rollouts.take(plan)
+        if mode == "pool":  # each env's waves queued apart: one of each (step 2 probes), its 2 episodes a step
+            assert [(s.waves, s.batch, len(s.fifo)) for s in rollouts.streams.values()] == [(1, 2, 0), (1, 2, 0)]
+    assert [t.env_name for t in trajectories] == ["alfworld"] * 2 + ["search"] * 2
+    assert all(t.task_id in setup.envs[t.env_name].train_tasks for t in trajectories)
+    assert max(t.depth for t in trajectories[2:]) <= 2  # search's horizon
+    teachers = make_teachers(setup.teacher_specs)
+    for traj in trajectories:
+        other = teachers["search" if traj.env_name == "alfworld" else "alfworld"]
+        for turn in traj.turns:
+            assert turn.teacher_logprobs == pytest.approx(action_logprobs(teachers[traj.env_name].model, turn), abs=1e-5)
+            assert turn.teacher_logprobs != pytest.approx(action_logprobs(other.model, turn), abs=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "overrides"), [("sync", ()), ("one_step_off", ASYNC), ("pool", ASYNC),
+                                                 ("sync", ("objective.estimator=full",))])  # teachers in-process
+def test_a_mixed_run_records_each_env_s_depth_and_evaluation(mixed, mode, overrides):
     import json
 
     from turnopd.orchestration.distill import run_distillation
 
-    summary = run_distillation(mixed_recipe(mixed, "eval.teacher=true"))
+    summary = run_distillation(mixed_recipe(mixed, "eval.teacher=true", f"pipeline.mode={mode}", *overrides))
     records = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
-    assert len(train) == 2
+    assert len(train) == 2 and all(r["pipeline"]["mode"] == mode for r in train)
     # step 1 (warm-up): each env's cap its own horizon; step 2: a probe step of each env's 2 episodes
     assert [{env: f["rollout_depth_cap"] for env, f in r["per_env"].items()} for r in train] == [
         {"alfworld": 3, "search": 2}, {"alfworld": 3, "search": 2}]
@@ -277,6 +389,24 @@ def test_a_mixed_run_records_each_env_s_depth_and_evaluation(mixed):
         assert set(r["per_env"]) == {"alfworld", "search"} and r["num_tasks"] == 2
         assert [e["split"] for e in r["per_env"].values()] == ["valid_seen", "test"]
         assert r["avg_at_k"] == pytest.approx(sum(e["avg_at_k"] for e in r["per_env"].values()) / 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "pool"])
+def test_a_mixed_run_ends_within_one_episode_of_its_work_budget(mixed, mode):
+    """A budget of 7 env steps, a step of 2 ALFWorld episodes (horizon 3) and 2 search ones (horizon 2):
+    the run stops at the step that reaches the budget, at most one episode's steps (3) past it, in
+    every mode (pool's steps counted at each env's horizon: their waves were requested earlier)."""
+    import json
+
+    from turnopd.orchestration.distill import run_distillation
+
+    summary = run_distillation(mixed_recipe(mixed, "trainer.steps=6", "trainer.budget.unit=env_steps",
+                                            "trainer.budget.amount=7", f"pipeline.mode={mode}", "eval.max_tasks=1",
+                                            *(ASYNC if mode != "sync" else ())))
+    records = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    spent = [r["env_steps"] for r in records if r["kind"] == "train"]
+    assert 7 <= sum(spent) <= 7 + 3 and sum(spent[:-1]) < 7 and len(spent) < 6
 
 
 def test_frontier_reads_the_mean_or_one_env_of_a_mixed_run(tmp_path):

@@ -24,6 +24,7 @@ from turnopd.core.ledger import Ledger
 from turnopd.core.metrics import read_metrics
 from turnopd.core.types import Trajectory
 from turnopd.orchestration.pipeline.generator import (
+    EnvStream,
     GeneratorError,
     GeneratorRollouts,
     may_request_wave,
@@ -275,8 +276,9 @@ def _rollouts(models: Path, *overrides: str, train_steps=range(4)):
     student, _ = load_student(setup.student_path, cfg.student.dtype, cfg.student.lora)
     trainer = Trainer(student, cfg.trainer, cfg.objective, cfg.loss, cfg.trainer.steps)
     version0 = copy.deepcopy(trainer.module)
+    stream = EnvStream(cfg, setup.train_tasks, list(train_steps), cfg.trainer.episodes_per_step, cfg.env.max_turns)
     rollouts = GeneratorRollouts(cfg, setup, SharedWeights(trainer.module, 0), Ledger(), start_step=0,
-                                 train_steps=list(train_steps))
+                                 streams={cfg.env.name: stream})
     return cfg, trainer, version0, rollouts
 
 

@@ -116,7 +116,7 @@ def _budgeted(unit: str, amount: float, mode: str = "sync") -> RunConfig:
 
 def test_the_last_step_plays_only_what_the_budget_leaves():
     from turnopd.core.metrics import WorkSpent
-    from turnopd.orchestration.pipeline.plan import work_left
+    from turnopd.orchestration.pipeline import plan_work_bound, work_left
 
     depth = DepthController(h_min=2, h_max=30, min_successes=1, warmup_steps=0, probe_every=3, num_probes=1)
     depth.cap = 9  # step 0 probes (1 probe at 30 turns among 3 at the cap 9), steps 1 and 2 do not
@@ -138,7 +138,7 @@ def test_the_last_step_plays_only_what_the_budget_leaves():
     assert plan_batch(depth, 1, _budgeted("env_steps", 100, "pool"), 35).turn_limits == (9, 9)
     # one_step_off plans the next batch before this one is trained: it counts on 20 - (9 + 9 + 9) <= 0
     this_step = plan_batch(depth, 1, cfg, work_left(cfg, spent))
-    assert work_left(cfg, spent, ahead=this_step) == 20 - 27
+    assert work_left(cfg, spent, ahead=plan_work_bound(cfg, this_step)) == 20 - 27
     # no plan bounds the clock or tokens_trained (prompts are trained too): the step is whole
     for unit in ("train_time_s", "tokens_trained"):
         assert work_left(_budgeted(unit, 100), spent) is None

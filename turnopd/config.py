@@ -632,8 +632,8 @@ def mixture_counts(run: RunConfig, mixture: list[MixtureEnv]) -> list[int]:
 
 
 def check_mixture(run: RunConfig, mixture: list[MixtureEnv]) -> None:
-    """A multi-env recipe: every env's share given one way, whole groups summing to the step's episodes,
-    and only what plays several env pools in the training process."""
+    """A multi-env recipe: every env's share given one way, whole groups summing to the step's episodes
+    (and to a pool wave's), and nothing that serves one env only: a world model or the judge."""
     by_weight = mixture[0].weight is not None
     for share in mixture:
         if (share.weight is None) == (share.episodes is None) or (share.weight is not None) != by_weight:
@@ -656,28 +656,39 @@ def check_mixture(run: RunConfig, mixture: list[MixtureEnv]) -> None:
         if run.depth.probe_fraction is not None and round(run.depth.probe_fraction * count) < 1:
             raise RecipeError(f"recipe key 'depth.probe_fraction': {run.depth.probe_fraction} of env "
                               f"{share.env.name}'s {count} episodes a step rounds to no probe; raise it or its share")
-    refused = {"pipeline.mode": run.pipeline.mode != "sync", "world_model.path": run.world_model.path is not None,
-               "judge.by": run.judge.by != "none", "eval.split": run.eval.split is not None,
-               "objective.estimator": algorithm_registries()["estimator"].get(run.objective.estimator).needs_teacher_model}
-    for key, is_refused in refused.items():
-        if is_refused:
-            raise RecipeError(f"recipe key {key!r} with a multi-env run (envs): a mixture plays each env's episodes "
-                              "in the training process, with each env's own eval split and a teacher scoring from "
-                              "the batch (pipeline.mode sync, no world model or judge, no in-process teacher)")
-    budget = run.trainer.budget
-    if budget is not None and budget.unit in ("env_steps", "tokens_generated"):
-        raise RecipeError(f"recipe key 'trainer.budget.unit': {budget.unit!r} with a multi-env run (envs): the batch "
-                          "plan holds a budget in work within one episode for one env's plan only; use "
-                          "train_time_s or tokens_trained (a step crossing them is trained whole), or trainer.steps")
+    if run.pipeline.mode == "pool" and run.pipeline.wave_episodes is not None:
+        for share, wave in zip(mixture, mixture_waves(run, mixture), strict=True):
+            if wave == 0:
+                raise RecipeError(f"recipe key 'pipeline.wave_episodes': {run.pipeline.wave_episodes} gives env "
+                                  f"{share.env.name!r} no whole group of trainer.group_size={run.trainer.group_size} "
+                                  "a wave (each env's waves are its share of them); raise it")
+    why = {"world_model.path": (run.world_model.path is not None, "a world model simulates one env"),
+           "judge.by": (run.judge.by != "none", "the judge plays in one env's pool (the run's add-ons are one env's)")}
+    for key, (refused, reason) in why.items():
+        if refused:
+            raise RecipeError(f"recipe key {key!r} with a multi-env run (envs): {reason}")
+
+
+def mixture_waves(run: RunConfig, mixture: list[MixtureEnv]) -> list[int | None]:
+    """Each env's episodes a pool wave: its share of pipeline.wave_episodes, apportioned in whole groups
+    as its share of a step's episodes is (None when waves are a step's: each env's are then its share)."""
+    if run.pipeline.wave_episodes is None:
+        return [None] * len(mixture)
+    steps = run.trainer.episodes_per_step
+    return mixture_episodes(run.pipeline.wave_episodes, run.trainer.group_size,
+                            [count / steps for count in mixture_counts(run, mixture)], None)
 
 
 def env_views(run: RunConfig) -> dict[str, RunConfig]:
     """A multi-env run as each of its envs sees it, by env name: the recipe with that env's block as
-    `env`, its episodes a step as trainer.episodes_per_step and no `envs` (what one env's code reads)."""
+    `env`, its episodes a step as trainer.episodes_per_step, its episodes a pool wave as
+    pipeline.wave_episodes and no `envs` (what one env's code reads)."""
     mixture = env_mixture(run)
+    shares = zip(mixture, mixture_counts(run, mixture), mixture_waves(run, mixture), strict=True)
     return {share.env.name: dataclasses.replace(run, env=share.env, envs={},
-                                                trainer=dataclasses.replace(run.trainer, episodes_per_step=count))
-            for share, count in zip(mixture, mixture_counts(run, mixture), strict=True)}
+                                                trainer=dataclasses.replace(run.trainer, episodes_per_step=count),
+                                                pipeline=dataclasses.replace(run.pipeline, wave_episodes=wave))
+            for share, count, wave in shares}
 
 
 # The sections check_consistency asks, in this order: the first rule a recipe breaks is the one named

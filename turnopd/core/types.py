@@ -177,6 +177,8 @@ class TokenBatch:
     # per sequence, the pixel-store keys of its screenshots in placeholder order (empty: none; [] for a
     # batch of text only)
     image_keys: list[list[str]] = field(default_factory=list)
+    # each trajectory's env (a multi-env run's in-process teachers: which one reads its sequences)
+    trajectory_envs: list[str] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -237,7 +239,7 @@ def build_token_batch(trajectories: list[Trajectory]) -> TokenBatch:
         teacher_topk_ids=topk_ids, teacher_topk_logprobs=topk_lp, turn_signals=_signal_tensors(signal_rows, len(ids)),
         trajectory_weights=_per_trajectory([t.loss_weight for t in trajectories], 1.0),
         advantages=_per_trajectory([t.advantage for t in trajectories], 0.0),
-        image_keys=image_keys if any(image_keys) else [],
+        image_keys=image_keys if any(image_keys) else [], trajectory_envs=[t.env_name for t in trajectories],
     )
 
 

@@ -42,6 +42,7 @@ from turnopd.orchestration.pipeline import (
     open_pools,
     open_rollouts,
     plan_step,
+    plan_work_bound,
     work_left,
 )
 from turnopd.orchestration.run_log import step_record
@@ -124,11 +125,11 @@ def end_step(run: DistillRun, stop: StopSignals, pools: EnvPools, addons: Addons
     return results
 
 
-def prepare_next(run: DistillRun, rollouts: Rollouts, plan: BatchPlan) -> None:
+def prepare_next(run: DistillRun, rollouts: Rollouts, plan: BatchPlan | MixturePlan) -> None:
     """The next step's plan, which the asynchronous modes generate while this step trains. It may only
     count on the budget this step cannot spend (work_left with `ahead`); when that is nothing it is not
     made: if this step leaves the budget unreached, the next one is planned and generated when it starts."""
-    left = work_left(run.cfg, run.spent, ahead=plan)
+    left = work_left(run.cfg, run.spent, ahead=plan_work_bound(run.cfg, plan))
     if left is None or left > 0:
         rollouts.prepare(plan_step(run.depth, plan.step + 1, run.cfg, left))
 

@@ -123,9 +123,10 @@ def load_models(cfg: RunConfig, setup: Setup) -> tuple[Trainer, Any, Policy, dic
             raise RecipeError(f"recipe key 'objective.tokenizers': cross, and teacher {teacher.name} has no tokenizer "
                               "here to render its turns with (a vllm_server teacher reads spec.tokenizer or "
                               "spec.model: name a local tokenizer folder)")
-    in_process = ESTIMATORS.get(cfg.objective.estimator).needs_teacher_model
-    trainer = Trainer(student, cfg.trainer, cfg.objective, cfg.loss, cfg.trainer.steps,
-                      teacher_model=teachers[cfg.env.name].model if in_process else None,
+    teacher_model = None
+    if ESTIMATORS.get(cfg.objective.estimator).needs_teacher_model:  # a multi-env run's by env: each reads its env's
+        teacher_model = {env: t.model for env, t in teachers.items()} if cfg.envs else teachers[cfg.env.name].model
+    trainer = Trainer(student, cfg.trainer, cfg.objective, cfg.loss, cfg.trainer.steps, teacher_model=teacher_model,
                       familiarity_cfg=cfg.familiarity, vocab=len(tokenizer))
     policy = make_policy(cfg.policy, trainer.module, tokenizer=tokenizer, seed=cfg.seed)
     return trainer, tokenizer, policy, teachers

@@ -44,6 +44,7 @@ class MicroBatch:
     num_tokens: int  # real (non-padding) tokens
     num_padding: int
     image_keys: tuple[str, ...] = ()  # the rows' screenshots, row by row in placeholder order (a VLM student)
+    teacher: str | None = None  # the env whose in-process teacher reads the rows (None: the run's one teacher)
 
 
 def build_micro_batch(batch: TokenBatch, seq_indices: list[int], pad_id: int = 0) -> MicroBatch:

@@ -238,7 +238,7 @@ class Trainer:
     """
 
     def __init__(self, model: nn.Module, trainer_cfg: TrainerConfig, objective_cfg: ObjectiveConfig,
-                 loss_cfg: LossConfig, total_steps: int, teacher_model: nn.Module | None = None,
+                 loss_cfg: LossConfig, total_steps: int, teacher_model: nn.Module | dict[str, nn.Module] | None = None,
                  familiarity_cfg: FamiliarityConfig | None = None, vocab: int | None = None):
         init_process_group()  # before importing deepspeed: it picks the accelerator on import
 
@@ -248,17 +248,21 @@ class Trainer:
             raise ValueError(f"total_steps must be >= 1, got {total_steps}")
         check_causal_lm(model, "student")
         self.estimator = ESTIMATORS.get(objective_cfg.estimator)
-        self.vocab = (check_in_process_teacher(model, teacher_model, objective_cfg.estimator, vocab)
-                      if self.estimator.needs_teacher_model else None)
+        # a multi-env run's in-process teachers come by env name, each reading its env's sequences
+        teachers = teacher_model if isinstance(teacher_model, dict) else {None: teacher_model}
+        # V, the head rows compared: one for every teacher, as they all score the student's tokenizer
+        self.vocab = min(check_in_process_teacher(model, teacher, objective_cfg.estimator, vocab)
+                         for teacher in teachers.values()) if self.estimator.needs_teacher_model else None
         dtype = resolve_dtype(trainer_cfg.dtype)
         if trainer_cfg.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
         self.engine, self._bare_optimizer = self._initialize(model, total_steps, dtype)
         self.device = self.engine.device
-        self.teacher = None
-        if teacher_model is not None and self.estimator.needs_teacher_model:
-            self.teacher = teacher_model.to(device=self.device, dtype=dtype).eval().requires_grad_(False)
+        self.teachers: dict[str | None, nn.Module] = {}
+        if self.estimator.needs_teacher_model:
+            self.teachers = {env: teacher.to(device=self.device, dtype=dtype).eval().requires_grad_(False)
+                             for env, teacher in teachers.items()}
         self.rank, self.world_size = self.engine.global_rank, self.engine.dp_world_size
         rows = trainer_cfg.turn_rows_per_update
         if rows is not None and rows % self.world_size:  # the launch's, not the recipe's: checked here
@@ -377,8 +381,7 @@ class Trainer:
                                      int(turn_row_index(part.traj_ids, part.turn_ids).unique().numel()))
         num_micro = int(self._all_reduce([len(plan.micro_batches)], "max")[0])
         clock = PartClock(self.device)
-        teacher_hidden = ([self._teacher_pass(mb, tokens) for mb in plan.micro_batches] if self.teacher is not None
-                          else [])
+        teacher_hidden = [self._teacher_pass(mb, tokens) for mb in plan.micro_batches] if self.teachers else []
         clock.lap("teacher")
         part = tokens.select(plan.index)  # with the familiarity signals the teacher's forward just wrote
         own, kept_share = final_token_weights(
@@ -471,9 +474,20 @@ class Trainer:
 
     def _pack(self, batch: TokenBatch, trained: list[int]) -> list[MicroBatch]:
         """Micro-batches of the sequences `trained` (those that hold the update's action tokens; the
-        others need no forward)."""
-        groups = pack_by_tokens([int(batch.seq_lens[i]) for i in trained], self.cfg.micro_batch_tokens)
-        return [build_micro_batch(batch, [trained[j] for j in group]) for group in groups]
+        others need no forward). With in-process teachers by env, each micro-batch holds one env's
+        sequences: one teacher's forward and output head serve all its rows."""
+        by_teacher: dict[str | None, list[int]] = {}
+        for i in trained:
+            by_teacher.setdefault(self._teacher_of_sequence(batch, i), []).append(i)
+        return [dataclasses.replace(build_micro_batch(batch, [part[j] for j in group]), teacher=teacher)
+                for teacher, part in by_teacher.items()
+                for group in pack_by_tokens([int(batch.seq_lens[i]) for i in part], self.cfg.micro_batch_tokens)]
+
+    def _teacher_of_sequence(self, batch: TokenBatch, sequence: int) -> str | None:
+        """The env whose in-process teacher reads sequence `sequence` (None: one teacher, or none)."""
+        if None in self.teachers or not self.teachers:
+            return None
+        return batch.trajectory_envs[int(batch.traj_ids[int(batch.seq_lens[:sequence].sum())])]
 
     @torch.no_grad()
     def _teacher_pass(self, mb: MicroBatch, tokens: ActionTokens) -> torch.Tensor:
@@ -481,10 +495,11 @@ class Trainer:
         predict action tokens (the full estimator's input), and (familiarity.signals) the turns'
         familiarity signals written into `tokens.signals` (the same forward: no second pass)."""
         ids, scored = mb.input_ids.to(self.device), mb.scored.to(self.device)
-        hidden = decode(self.teacher, ids, self.cfg.shared_prefix)
+        teacher = self.teachers[mb.teacher]
+        hidden = decode(teacher, ids, self.cfg.shared_prefix)
         if not self.familiarity.signals:
             return select_predicting(hidden, ids, scored)[0]
-        for name, values in turn_signals(hidden, self.teacher.get_output_embeddings().weight, ids, scored,
+        for name, values in turn_signals(hidden, teacher.get_output_embeddings().weight, ids, scored,
                                          self.objective.chunk_size).items():
             tokens.signals.setdefault(name, torch.full((tokens.count,), float("nan"), dtype=torch.float64))[
                 mb.action_index] = values
@@ -528,7 +543,7 @@ class Trainer:
                                          teacher_topk=tokens.topk_logprobs[idx].to(device))
         if self.estimator.needs_teacher_model:
             inputs = dataclasses.replace(inputs, teacher_hidden=teacher_hidden,
-                                         teacher_head=self.teacher.get_output_embeddings().weight[: self.vocab])
+                                         teacher_head=self.teachers[mb.teacher].get_output_embeddings().weight[: self.vocab])
         out = self.engine(ids, scored, self.estimator, self.objective, inputs, pixel_values=self._pixel_values(mb))
         return out["loss"], out["kl"]
 

@@ -24,6 +24,11 @@ one_step_off the step after it (the next batch is planned and generated while th
 in pool the waves requested after it. Under trainer.budget (env steps, tokens generated) a plan
 made ahead counts only on what the step training meanwhile cannot spend (plan.work_left), and a
 pool step takes only its plan's episodes (docs/recipes.md, Training budgets).
+
+A multi-env run (recipe key `envs`) works in every mode, each env's share planned by its own depth
+controller, played in its own env pool with its recipe view and scored by its own teacher: sync plays
+the envs at once (pipeline.mixture.play_mixture); one_step_off and pool send the generator a request
+per env, and pool queues and requests each env's waves apart (pipeline.generator.EnvStream).
 """
 
 from turnopd.orchestration.pipeline import generator, in_process  # noqa: F401  (register the modes)
@@ -37,6 +42,7 @@ from turnopd.orchestration.pipeline.mixture import (
     open_pools,
     per_env_fields,
     plan_step,
+    plan_work_bound,
 )
 from turnopd.orchestration.pipeline.plan import BatchPlan, plan_batch, sample_tasks, scoring_topk, work_left
 
@@ -49,4 +55,4 @@ def open_rollouts(cfg, setup, **backends):
 
 __all__ = ["PIPELINE_MODES", "BatchPlan", "EnvPools", "GeneratorError", "MixturePlan", "PipelineMode",
            "PipelineStats", "Rollouts", "env_parts", "make_depth", "open_pools", "open_rollouts", "per_env_fields",
-           "plan_batch", "plan_step", "sample_tasks", "scoring_topk", "work_left"]
+           "plan_batch", "plan_step", "plan_work_bound", "sample_tasks", "scoring_topk", "work_left"]

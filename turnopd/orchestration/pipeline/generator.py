@@ -2,7 +2,7 @@
 the training process trains (see the package docstring for what each mode plays and when).
 
 Processes: the generator is its own process (torch.multiprocessing, spawn) with its own policy,
-teachers and env pool, and half of the CPU threads (the trainer keeps the rest). Weights travel
+teachers and env pools (one per env of the run), and half of the CPU threads (the trainer keeps the rest). Weights travel
 through shared-memory tensors (`SharedWeights`), requests through a multiprocessing queue, scored
 trajectories back through a pipe that a thread of the training process drains as messages arrive,
 so the generator never waits for a step to end to hand its work over. A generator that dies is seen
@@ -15,6 +15,14 @@ Nothing queued is checkpointed: a resumed run starts a new generator from the ch
 weights, and what was generated but not trained before the interruption is dropped (this is
 logged). The generator is started with "spawn": a script that runs the loop in an asynchronous mode
 needs the usual `if __name__ == "__main__":` guard (`turnopd distill` has it).
+
+A multi-env run (recipe key `envs`) is several streams of requests, one per env (EnvStream): each
+env's step batches come from its plan in the step's MixturePlan, each env's pool waves are its share
+of a wave, queued apart and taken by its share of each step, and each env's waves are requested by
+may_request_wave on that env's own counts, so one env's slower episodes never hold another's back.
+The generator plays every request in its env's pool with the env's recipe view (episodes of all
+envs at once, sharing the policy's generation batches) and scores it with that env's teacher. A
+single-env run is one stream: its requests are the ones it always made.
 """
 
 from __future__ import annotations
@@ -28,8 +36,8 @@ import traceback
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -37,9 +45,8 @@ import torch
 import torch.multiprocessing as torch_mp
 from torch import nn
 
-from envs.pool import EnvPool
 from teachers import make_teachers, merge_replica_stats, replica_stats
-from turnopd.algorithm.controllers import DepthSchedule
+from turnopd.algorithm.controllers import DepthSchedule, EnvDepths
 from turnopd.config import RunConfig
 from turnopd.core.device import pin_process_to_local_gpu
 from turnopd.core.distributed import rank_and_world
@@ -47,6 +54,7 @@ from turnopd.core.ledger import Ledger
 from turnopd.core.types import Trajectory
 from turnopd.loaders.hf_models import load_student
 from turnopd.orchestration.pipeline.base import PIPELINE_MODES, PipelineMode, PipelineStats
+from turnopd.orchestration.pipeline.mixture import EnvPools, MixturePlan, env_parts, env_plans, open_pools
 from turnopd.orchestration.pipeline.plan import (
     BatchPlan,
     Episodes,
@@ -70,10 +78,12 @@ JOIN_TIMEOUT_S = 60.0  # for the generator to finish its current request when th
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """Play these episodes with weights at least `min_version` new. A pool `wave` loads newer
-    weights between generation calls and feeds the queue; otherwise the answer is one step's batch."""
+    """Play these episodes of env `env` with weights at least `min_version` new. A pool `wave` loads
+    newer weights between generation calls and feeds the env's queue; otherwise the answer is one
+    step's batch of that env."""
 
     id: int
+    env: str
     episodes: Episodes
     min_version: int
     wave: bool
@@ -131,17 +141,17 @@ def _generator_main(cfg: RunConfig, setup: Setup, weights: SharedWeights, reques
     trainer = torch_mp.parent_process()
     ledger = Ledger()
     try:
-        with ledger.phase("startup"):
-            teachers = make_teachers(setup.teacher_specs)
-            if cfg.student.lora is None:
-                policy = make_policy(cfg.policy, str(setup.student_path), dtype=weights.dtype, seed=cfg.seed)
-            else:  # the weights it is sent are the adapter's: it generates with a LoRA model of its own
-                student, tokenizer = load_student(setup.student_path, weights.dtype, cfg.student.lora)
-                policy = make_policy(cfg.policy, student, tokenizer=tokenizer, dtype=weights.dtype, seed=cfg.seed)
-            policy.weight_version = -1  # the folder's weights, not yet the trainer's
-            pool = EnvPool.for_config(setup.spec, cfg.env)
-        with pool:
-            asyncio.run(_serve(cfg, setup, weights, requests, results, stop, trainer, ledger, policy, pool,
+        with ExitStack() as stack:
+            with ledger.phase("startup"):
+                teachers = make_teachers(setup.teacher_specs)
+                if cfg.student.lora is None:
+                    policy = make_policy(cfg.policy, str(setup.student_path), dtype=weights.dtype, seed=cfg.seed)
+                else:  # the weights it is sent are the adapter's: it generates with a LoRA model of its own
+                    student, tokenizer = load_student(setup.student_path, weights.dtype, cfg.student.lora)
+                    policy = make_policy(cfg.policy, student, tokenizer=tokenizer, dtype=weights.dtype, seed=cfg.seed)
+                policy.weight_version = -1  # the folder's weights, not yet the trainer's
+                pools = stack.enter_context(open_pools(cfg, setup))  # one per env of the run
+            asyncio.run(_serve(cfg, setup, weights, requests, results, stop, trainer, ledger, policy, pools,
                                teachers))
     except (PeerGone, BrokenPipeError):
         return  # the run is over, or the training process is gone: nobody to answer
@@ -159,13 +169,15 @@ def generator_slots(cfg: RunConfig) -> int:
 
 
 async def _serve(cfg: RunConfig, setup: Setup, weights: SharedWeights, requests: Any,
-                 results: Connection, stop: Any, trainer: Any, ledger: Ledger, policy: Any, pool: EnvPool,
+                 results: Connection, stop: Any, trainer: Any, ledger: Ledger, policy: Any, pools: EnvPools,
                  teachers: dict[str, Any]) -> None:
     """Answer each request in a task of its own as it comes (the next one may start while earlier
-    ones play), their episodes sharing `generator_slots` env-pool slots. Newer published weights are
-    loaded before each generation batch (the pool never stops for a sync)."""
+    ones play, of any env), the episodes of an env sharing `generator_slots` slots of its env pool and
+    playing with its recipe view. Newer published weights are loaded before each generation batch (the
+    pool never stops for a sync)."""
     loop = asyncio.get_running_loop()
-    slots = SlotPool(generator_slots(cfg))
+    parts = env_parts(cfg, setup)
+    slots = {env: SlotPool(generator_slots(view)) for env, (view, _) in parts.items()}
     policy.before_batch = lambda: weights.load_into(policy, trainer.is_alive)
     answering: set[asyncio.Task] = set()
 
@@ -173,12 +185,13 @@ async def _serve(cfg: RunConfig, setup: Setup, weights: SharedWeights, requests:
         return trainer.is_alive() and not stop.value
 
     async def play(request: GenerationRequest, episode: int, task: str) -> Trajectory:
-        async with slots.slot() as slot:
-            return await play_episode(setup.spec, pool, policy, task, slot=slot, episode=episode, env_config=cfg.env,
-                                      sampling=request.episodes.sampling,
+        view, part = parts[request.env]
+        async with slots[request.env].slot() as slot:
+            return await play_episode(part.spec, pools[request.env], policy, task, slot=slot, episode=episode,
+                                      env_config=view.env, sampling=request.episodes.sampling,
                                       turn_limit=request.episodes.turn_limits[episode],
-                                      is_probe=episode < request.episodes.probes, ledger=ledger, prompt=cfg.prompt,
-                                      teacher_tokenizer=teacher_tokenizer(cfg, teachers, setup.spec.name))
+                                      is_probe=episode < request.episodes.probes, ledger=ledger, prompt=view.prompt,
+                                      teacher_tokenizer=teacher_tokenizer(cfg, teachers, request.env))
 
     async def answer(request: GenerationRequest) -> None:
         try:
@@ -268,23 +281,49 @@ class _Generator:
     requests: Any
 
 
+@dataclass
+class EnvStream:
+    """One env's requests on the trainer's side (a single-env run has one): its recipe view and training
+    tasks, its non-probe steps (the ones a pool step fills from its queue), this rank's share of its
+    episodes a step, and its pool waves: their cap, their queue, how many were requested and their
+    episodes (less the dropped ones)."""
+
+    cfg: RunConfig
+    train_tasks: list[str]
+    train_steps: list[int]
+    batch: int
+    wave_cap: int
+    fifo: deque[Trajectory] = field(default_factory=deque)
+    waves: int = 0
+    wave_requested: int = 0
+
+
+def env_streams(cfg: RunConfig, setup: Setup, depth: DepthSchedule | EnvDepths, start_step: int) -> dict[str, EnvStream]:
+    """Each env's stream, by env name, its waves at first at its horizon. A pool's queue is emptied by
+    the steps that do not probe (probes_at depends on the step only)."""
+    rank, world = rank_and_world()
+    schedules = depth.schedules if isinstance(depth, EnvDepths) else {cfg.env.name: depth}
+    streams = {}
+    for env, (view, part) in env_parts(cfg, setup).items():
+        episodes = view.trainer.episodes_per_step
+        train_steps = [s for s in range(start_step, cfg.trainer.steps) if not schedules[env].probes_at(s, episodes)]
+        streams[env] = EnvStream(view, part.train_tasks, train_steps, len(range(rank, episodes, world)),
+                                 view.env.max_turns)
+    return streams
+
+
 class GeneratorRollouts:
     """one_step_off and pool: batches played and scored by a generator process (module docstring)."""
 
     def __init__(self, cfg: RunConfig, setup: Setup, weights: SharedWeights, ledger: Ledger, *,
-                 start_step: int, train_steps: Sequence[int]):
+                 start_step: int, streams: dict[str, EnvStream]):
         self.cfg, self.setup, self.weights, self.ledger = cfg, setup, weights, ledger
-        self.mode, self.start_step, self.train_steps = cfg.pipeline.mode, start_step, list(train_steps)
+        self.mode, self.start_step, self.streams = cfg.pipeline.mode, start_step, streams
         self.rank, self.world = rank_and_world()
-        self.batch = len(range(self.rank, cfg.trainer.episodes_per_step, self.world))  # this rank's share of a step
-        self.wave_cap = cfg.env.max_turns  # pool: the cap of the newest plan, for the waves requested next
         self.stop = SPAWN.Value("b", False, lock=False)
         self.pending: dict[int, GenerationRequest] = {}  # sent, not answered yet: sent again after a restart
         self.answers: dict[int, Produced] = {}  # answered step batches (and probes), not taken yet
-        self.step_requests: dict[int, int] = {}  # step -> the request for its batch
-        self.fifo: deque[Trajectory] = deque()  # pool: trajectories of answered waves, oldest first
-        self.waves = 0  # pool: waves requested
-        self.wave_requested = 0  # pool: their episodes, less the dropped ones
+        self.step_requests: dict[tuple[int, str], int] = {}  # (step, env) -> the request for its batch
         self.restarts = 0
         self._next_id = 0
         self._stats = PipelineStats(self.mode)
@@ -302,39 +341,32 @@ class GeneratorRollouts:
 
     # ---- the loop's calls ---------------------------------------------------------------------
 
-    def take(self, plan: BatchPlan) -> list[Trajectory]:
-        self._follow_plan(plan)
+    def take(self, plan: BatchPlan | MixturePlan) -> list[Trajectory]:
+        """The step's trajectories, each env's share in recipe order (every env's requested first: a
+        step not prepared, the first of a (resumed) run, plays its envs at once)."""
+        plans = env_plans(self.cfg, plan)
+        for env, env_plan in plans.items():
+            self._follow_plan(env, env_plan)
+            if self._by_step(env_plan) and (plan.step, env) not in self.step_requests:
+                self._request_step(env, env_plan)
         version = self.weights.version.value
-        dropped = 0
-        if plan.is_probe_step or self.mode == "one_step_off":
-            if plan.step not in self.step_requests:  # not prepared: the first step of a (resumed) run
-                self._request_step(plan)
-            request_id = self.step_requests.pop(plan.step)
-            self._wait(lambda: request_id in self.answers)
-            trajectories = self.answers.pop(request_id).trajectories
-        else:
-            trajectories = []
-            share = len(range(self.rank, plan.episodes, self.world))  # fewer than a batch: trainer.budget's last step
-            while len(trajectories) < share:
-                self._top_up()
-                self._wait(lambda: bool(self.fifo))
-                taken, dropped_now = take_fresh(self.fifo, share - len(trajectories), version,
-                                                self.cfg.pipeline.max_staleness)
-                trajectories += taken
-                dropped += dropped_now
-                self.wave_requested -= dropped_now  # their places in the step order go to later ones
+        trajectories, dropped = [], 0
+        for env, env_plan in plans.items():
+            taken, dropped_now = self._take_env(env, env_plan, version)
+            trajectories += taken
+            dropped += dropped_now
         staleness = [version - t.weight_version for t in trajectories]
         self._stats = PipelineStats(
             self.mode, weight_version=version, staleness_max=max(staleness, default=0),
             staleness_mean=sum(staleness) / max(len(staleness), 1), dropped_stale=dropped,
-            queued=len(self.fifo) + sum(len(a.trajectories) for a in self.answers.values()),
-            generator_restarts=self.restarts)
+            queued=self._untrained(), generator_restarts=self.restarts)
         return trajectories
 
-    def prepare(self, plan: BatchPlan) -> None:
-        self._follow_plan(plan)
-        if plan.is_probe_step or self.mode == "one_step_off":
-            self._request_step(plan)
+    def prepare(self, plan: BatchPlan | MixturePlan) -> None:
+        for env, env_plan in env_plans(self.cfg, plan).items():
+            self._follow_plan(env, env_plan)
+            if self._by_step(env_plan):
+                self._request_step(env, env_plan)
         self._top_up()
 
     def publish(self, weights: nn.Module, version: int) -> None:
@@ -362,7 +394,7 @@ class GeneratorRollouts:
             self._generator.process.kill()
             self._generator.process.join(JOIN_TIMEOUT_S)
         self._poll()
-        untrained = len(self.fifo) + sum(len(a.trajectories) for a in self.answers.values())
+        untrained = self._untrained()
         if untrained or self.pending:
             print(f"pipeline {self.mode}: run over with {untrained} trajectories generated and not trained, "
                   f"and {len(self.pending)} requests unanswered (dropped)", file=sys.stderr)
@@ -374,35 +406,65 @@ class GeneratorRollouts:
 
     # ---- requests and answers -----------------------------------------------------------------
 
-    def _follow_plan(self, plan: BatchPlan) -> None:
-        """pool: waves requested from now on play at this plan's cap (a wave carries its turn limits
-        from its request, as a step's batch carries its plan's)."""
-        if not plan.is_probe_step:
-            self.wave_cap = plan.cap
+    def _by_step(self, plan: BatchPlan) -> bool:
+        """Whether an env's share of a step is requested as a batch of its own (a probe step, and every
+        step of one_step_off) rather than taken from the env's pool queue."""
+        return plan.is_probe_step or self.mode == "one_step_off"
 
-    def _request_step(self, plan: BatchPlan) -> None:
-        """The batch of one step: probes wait for the step's own weights, one_step_off rollouts
+    def _take_env(self, env: str, plan: BatchPlan, version: int) -> tuple[list[Trajectory], int]:
+        """One env's share of the step: its batch's answer, or (pool) the oldest fresh trajectories of its
+        queue. Returns (them, the number dropped as too old)."""
+        if self._by_step(plan):
+            request_id = self.step_requests.pop((plan.step, env))
+            self._wait(lambda: request_id in self.answers)
+            return self.answers.pop(request_id).trajectories, 0
+        stream, trajectories, dropped = self.streams[env], [], 0
+        share = len(range(self.rank, plan.episodes, self.world))  # fewer than a batch: trainer.budget's last step
+        while len(trajectories) < share:
+            self._top_up()
+            self._wait(lambda: bool(stream.fifo))
+            taken, dropped_now = take_fresh(stream.fifo, share - len(trajectories), version,
+                                            self.cfg.pipeline.max_staleness)
+            trajectories += taken
+            dropped += dropped_now
+            stream.wave_requested -= dropped_now  # their places in the step order go to later ones
+        return trajectories, dropped
+
+    def _untrained(self) -> int:
+        """Trajectories generated and received, not taken by a step yet."""
+        return sum(len(s.fifo) for s in self.streams.values()) + sum(len(a.trajectories) for a in self.answers.values())
+
+    def _follow_plan(self, env: str, plan: BatchPlan) -> None:
+        """pool: an env's waves requested from now on play at its plan's cap (a wave carries its turn
+        limits from its request, as a step's batch carries its plan's)."""
+        if not plan.is_probe_step:
+            self.streams[env].wave_cap = plan.cap
+
+    def _request_step(self, env: str, plan: BatchPlan) -> None:
+        """One env's batch of one step: probes wait for the step's own weights, one_step_off rollouts
         for the previous step's (the newest when the request is made)."""
-        episodes = step_episodes(self.cfg, self.setup.train_tasks, plan)
+        stream = self.streams[env]
+        episodes = step_episodes(stream.cfg, stream.train_tasks, plan)
         min_version = plan.step if plan.is_probe_step else plan.step - 1
-        self.step_requests[plan.step] = self._send(episodes, min_version, wave=False)
+        self.step_requests[plan.step, env] = self._send(env, episodes, min_version, wave=False)
 
     def _top_up(self) -> None:
-        """pool: request waves while they may be (see may_request_wave)."""
+        """pool: request each env's waves while they may be (may_request_wave, on the env's own counts)."""
         if self.mode != "pool":
             return
-        while True:
-            episodes = wave_episodes(self.cfg, self.setup.train_tasks, self.start_step, self.waves, self.wave_cap)
-            version, bound = self.weights.version.value, self.cfg.pipeline.max_staleness
-            if not may_request_wave(self.wave_requested, len(episodes.tasks), self.batch, version, bound,
-                                    self.train_steps):
-                return
-            self._send(episodes, min_version=0, wave=True)
-            self.waves += 1
-            self.wave_requested += len(episodes.tasks)
+        for env, stream in self.streams.items():
+            while True:
+                episodes = wave_episodes(stream.cfg, stream.train_tasks, self.start_step, stream.waves, stream.wave_cap)
+                version, bound = self.weights.version.value, self.cfg.pipeline.max_staleness
+                if not may_request_wave(stream.wave_requested, len(episodes.tasks), stream.batch, version, bound,
+                                        stream.train_steps):
+                    break
+                self._send(env, episodes, min_version=0, wave=True)
+                stream.waves += 1
+                stream.wave_requested += len(episodes.tasks)
 
-    def _send(self, episodes: Episodes, min_version: int, wave: bool) -> int:
-        request = GenerationRequest(self._next_id, episodes, min_version, wave)
+    def _send(self, env: str, episodes: Episodes, min_version: int, wave: bool) -> int:
+        request = GenerationRequest(self._next_id, env, episodes, min_version, wave)
         self._next_id += 1
         self.pending[request.id] = request
         self._generator.requests.put(request)
@@ -437,7 +499,7 @@ class GeneratorRollouts:
         self._replica_stats = merge_replica_stats(self._replica_stats, message.teacher_replicas)
         request = self.pending.pop(message.request_id)
         if request.wave:
-            self.fifo.extend(message.trajectories)
+            self.streams[request.env].fifo.extend(message.trajectories)
         else:
             self.answers[request.id] = message
 
@@ -484,15 +546,13 @@ class GeneratorRollouts:
 
 
 @contextmanager
-def _open_generator(cfg: RunConfig, setup: Setup, *, trainer: Any, depth: DepthSchedule, ledger: Ledger,
+def _open_generator(cfg: RunConfig, setup: Setup, *, trainer: Any, depth: DepthSchedule | EnvDepths, ledger: Ledger,
                     start_step: int, **_: Any) -> Iterator[GeneratorRollouts]:
     """Start the generator process with the trainer's current weights (version `start_step`); stop it on exit."""
     with trainer.gathered_parameters() as module:
         weights = SharedWeights(module, version=start_step)
-    # The pool's queue is emptied by the steps that do not probe; probes_at depends on the step only.
-    train_steps = [s for s in range(start_step, cfg.trainer.steps)
-                   if not depth.probes_at(s, cfg.trainer.episodes_per_step)]
-    rollouts = GeneratorRollouts(cfg, setup, weights, ledger, start_step=start_step, train_steps=train_steps)
+    rollouts = GeneratorRollouts(cfg, setup, weights, ledger, start_step=start_step,
+                                 streams=env_streams(cfg, setup, depth, start_step))
     try:
         yield rollouts
     finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from turnopd.rollout.world_model_pool import WorldModelPool, trace_of
 POOL_SALT = 2
 WORLD_MODEL_DRAW = 1  # the 4th key of the draw of which episodes play the world model (task draws have 3)
 ANCHOR_DRAW = 2  # the 4th key of the draw of a step's anchor groups (world_model.debias / denoise of WMRL)
+T = TypeVar("T")
 
 
 def sample_tasks(tasks: list[str], n: int, seed: int, step: int, salt: int) -> list[str]:
@@ -123,10 +124,10 @@ def episode_work_bounds(cfg: RunConfig, limits: tuple[int, ...], probes: int) ->
     return tuple(limit * per_turn for limit in limits)
 
 
-def within_budget(limits: tuple[int, ...], work_left: float, bounds: tuple[int, ...],
-                  at_least: int = 1) -> tuple[int, ...]:
-    """The batch's first n turn limits, n the fewest whose work bounds add up to `work_left` (all when
-    they do not), at least `at_least` (one an episode per rank). The first n - 1 spend less than what is
+def within_budget(limits: tuple[T, ...], work_left: float, bounds: tuple[int, ...],
+                  at_least: int = 1) -> tuple[T, ...]:
+    """The batch's first n turn limits (or other entries, one per episode), n the fewest whose work
+    bounds add up to `work_left` (all when they do not), at least `at_least` (one an episode per rank). The first n - 1 spend less than what is
     left, so the step ends at most one episode's bound past the budget: the last step plays only what
     is left."""
     most = 0
@@ -137,17 +138,14 @@ def within_budget(limits: tuple[int, ...], work_left: float, bounds: tuple[int, 
     return limits
 
 
-def work_left(cfg: RunConfig, spent: WorkSpent, ahead: BatchPlan | None = None) -> float | None:
-    """What trainer.budget leaves after `spent`, in a unit a plan bounds (turn_work; else None), less the
-    most that `ahead` can spend: a batch planned and generating that its step has not trained yet (the
-    next batch of one_step_off and pool is planned while this step trains, so it may only count on
-    what this step cannot spend)."""
+def work_left(cfg: RunConfig, spent: WorkSpent, ahead: int = 0) -> float | None:
+    """What trainer.budget leaves after `spent`, in a unit a plan bounds (turn_work; else None), less
+    `ahead`, the most that a batch planned and generating can spend before its step trains
+    (pipeline.mixture.plan_work_bound: the next batch of one_step_off and pool is planned while this
+    step trains, so it may only count on what this step cannot spend)."""
     if turn_work(cfg) is None:
         return None
-    left = cfg.trainer.budget.amount - getattr(spent, cfg.trainer.budget.unit)
-    if ahead is not None:
-        left -= sum(episode_work_bounds(cfg, ahead.turn_limits, ahead.probes))
-    return left
+    return cfg.trainer.budget.amount - getattr(spent, cfg.trainer.budget.unit) - ahead
 
 
 @dataclass(frozen=True)
