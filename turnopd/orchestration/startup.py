@@ -21,6 +21,7 @@ from teachers import Teacher, check_tokenizers, make_teachers
 from teachers.vllm_server import check_server
 from turnopd.algorithm.controllers import DepthSchedule, EnvDepths
 from turnopd.algorithm.objective import ESTIMATORS
+from turnopd.algorithm.token_alignment import vocab_map
 from turnopd.config import RecipeError, RunConfig
 from turnopd.core import checkpoint as ckpt
 from turnopd.core.distributed import barrier, gather_objects, rank_and_world
@@ -123,10 +124,11 @@ def load_models(cfg: RunConfig, setup: Setup) -> tuple[Trainer, Any, Policy, dic
             raise RecipeError(f"recipe key 'objective.tokenizers': cross, and teacher {teacher.name} has no tokenizer "
                               "here to render its turns with (a vllm_server teacher reads spec.tokenizer or "
                               "spec.model: name a local tokenizer folder)")
-    in_process = ESTIMATORS.get(cfg.objective.estimator).needs_teacher_model
+    estimator, teacher = ESTIMATORS.get(cfg.objective.estimator), teachers[cfg.env.name]
     trainer = Trainer(student, cfg.trainer, cfg.objective, cfg.loss, cfg.trainer.steps,
-                      teacher_model=teachers[cfg.env.name].model if in_process else None,
-                      familiarity_cfg=cfg.familiarity, vocab=len(tokenizer))
+                      teacher_model=teacher.model if estimator.needs_teacher_model else None,
+                      familiarity_cfg=cfg.familiarity, vocab=len(tokenizer),
+                      vocab_map=vocab_map(tokenizer, teacher.tokenizer) if estimator.needs_vocab_map else None)
     policy = make_policy(cfg.policy, trainer.module, tokenizer=tokenizer, seed=cfg.seed)
     return trainer, tokenizer, policy, teachers
 
