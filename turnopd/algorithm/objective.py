@@ -468,7 +468,7 @@ def topk_cross_loss(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tens
 
     and at any other token (inside a span of several, or of no teacher tokens) `k3_loss`(s, T') on the
     span's share T'. With identical vocabularies every slot is shared and no id is unpaired: l is
-    `topk_loss`. Shapes: student_logprobs, teacher_logprobs [n]; the rest [n, k] (teacher_topk_logprobs
+    `topk_loss`. Shapes: student_logprobs, teacher_logprobs [n]; the other four [n, k] (teacher_topk_logprobs
     -inf on padded slots, a whole row -inf where the position has no top-k; student_topk_logprobs at
     teacher_topk_student_ids, any value where -1; student_rest_logprobs descending, -inf past its ids)."""
     shared, teacher = teacher_topk_student_ids >= 0, teacher_topk_logprobs.detach()
