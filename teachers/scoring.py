@@ -12,7 +12,8 @@ Turn.teacher_prompt_ids) is scored on it: the same action tokens after the pages
 of another tokenizer (objective.tokenizers=cross) scores each turn in its own template and tokens
 (Turn.teacher_prompt_ids, Turn.teacher_action_ids), and its log-probs reach the student's tokens
 through the turn's aligned spans (turnopd.algorithm.token_alignment.spread_teacher_logprobs); its
-top-k, over its own vocabulary, is kept only as the turn's familiarity signals.
+top-k, over its own vocabulary and in its own ids, is kept at each span's first student token
+(token_alignment.span_first_topk), where estimator topk_cross reads it through the vocabulary map.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 
 from teachers.base import Teacher, TokenScores
 from turnopd.algorithm.familiarity import span_signals, topk_tail_entropy
-from turnopd.algorithm.token_alignment import spread_teacher_logprobs
+from turnopd.algorithm.token_alignment import span_first_topk, spread_teacher_logprobs
 from turnopd.core.types import ScoredSequence, Trajectory, trajectory_sequences
 
 
@@ -61,6 +62,9 @@ def score_trajectories(teachers_by_env: dict[str, Teacher], trajectories: Sequen
                 if turn.token_spans is not None:  # its own tokens: carried to the student's by the spans
                     turn.teacher_logprobs = spread_teacher_logprobs(turn.token_spans, scores.logprobs[start:end],
                                                                     turn.student_logprobs)
+                    if topk:  # in its own ids, at each span's first student token (topk_cross maps them)
+                        turn.teacher_topk_ids, turn.teacher_topk_logprobs = span_first_topk(
+                            turn.token_spans, scores.topk_ids[start:end], scores.topk_logprobs[start:end])
                     continue
                 turn.teacher_logprobs = scores.logprobs[start:end]
                 if topk:

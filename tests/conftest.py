@@ -58,6 +58,22 @@ def smollm2_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny(tiny_model_dir: Path):
+    """The tiny model's byte-level BPE tokenizer (386 ids)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def smol(smollm2_tokenizer_dir: Path):
+    """SmolLM2-135M's tokenizer (49,152 ids)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
 def smollm2_tiny_model_dir(smollm2_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama-shaped model (1 layer, head size 32: one vLLM's CPU attention runs) with
     SmolLM2's real tokenizer and chat template."""

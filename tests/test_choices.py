@@ -78,6 +78,8 @@ RUNS = [
     # tokenizer is the student's, so the alignment is one token a span: tests/test_token_alignment.py)
     ("cross-tokenizers-chat-k3", ["objective.tokenizers=cross", "prompt.style=chat", "objective.estimator=k3"], {}),
     ("cross-tokenizers-pool", ["objective.tokenizers=cross", "pipeline.mode=pool", "objective.clip_eps=0.2"], {}),
+    ("cross-tokenizers-topk_cross", ["objective.tokenizers=cross", "objective.estimator=topk_cross",
+                                     "objective.topk=5"], {"estimator": "topk_cross"}),
 ]
 
 # Refusals checked by validation or the pre-flight checks: (the choice refused, or None for a rule
@@ -85,7 +87,7 @@ RUNS = [
 REFUSED = [
     (("estimator", "nll"), ["objective.estimator=nll"], None,
      "recipe key 'objective.estimator': 'nll' ignores the teacher (supervised fine-tuning on the batch's own "
-     "tokens, what `turnopd sft` trains with); distillation needs one of full, k1, k1_decoupled, k1_proximal, k3, topk"),
+     "tokens, what `turnopd sft` trains with); distillation needs one of full, k1, k1_decoupled, k1_proximal, k3, topk, topk_cross"),
     (None, ["loss.mode=constant"], None, "recipe key 'loss.constant_k': None; loss.mode=constant needs constant_k > 0"),
     (None, ["pipeline.mode=pool"], None, "recipe key 'objective.clip_eps': None; pipeline.mode=pool trains on tokens "
                                    "sampled by older weights, so the k1 importance ratio needs a clip (e.g. 0.2)"),
@@ -99,8 +101,14 @@ REFUSED = [
      "training process, which the vllm_server backend does not give; use backend transformers, or estimator k1, "
      "k3 or topk"),
     (None, ["objective.tokenizers=cross", "objective.estimator=topk"], None,
-     "recipe key 'objective.tokenizers': cross with estimator topk, which reads the teacher's distribution over "
-     "the student's vocabulary; across tokenizers only the sampled-token estimators are built"),
+     "recipe key 'objective.tokenizers': cross with estimator topk, which reads the teacher's top-k ids as the "
+     "student's; across tokenizers use topk_cross"),
+    (None, ["objective.tokenizers=cross", "objective.estimator=full"], None,
+     "recipe key 'objective.tokenizers': cross with estimator full: the teacher in the training process reads the "
+     "student's token ids"),
+    (None, ["objective.estimator=topk_cross"], None,
+     "recipe key 'objective.estimator': topk_cross maps a teacher's top-k from its own vocabulary, which needs "
+     "objective.tokenizers=cross; with one tokenizer use topk"),
     (None, ["objective.estimator=topk", "objective.topk=50"], "vllm_server",
      "recipe key 'objective.topk': 50 > the vllm_server teacher's max_logprobs 20 (teacher spec {spec}); lower "
      "objective.topk or raise options.max_logprobs in the spec"),

@@ -260,6 +260,14 @@ def mixed(tmp_path_factory, tiny_model_dir):
     return root
 
 
+def test_topk_cross_maps_one_teacher_s_vocabulary_and_refuses_a_mixture_of_several(mixed):
+    from turnopd.orchestration.preflight import dry_run
+
+    with pytest.raises(RecipeError, match=r"^recipe key 'objective.estimator': topk_cross maps one teacher's "
+                                          r"vocabulary into the student's, and this multi-env run \(envs\) has several"):
+        dry_run(load_recipe(mixed / "recipe.yaml", ["objective.tokenizers=cross", "objective.estimator=topk_cross"]))
+
+
 def test_a_teacher_whose_tokenizer_is_not_the_student_s_is_refused_at_recipe_check(mixed, tmp_path):
     from turnopd.models.tiny import build_tiny_model
     from turnopd.orchestration.preflight import dry_run

@@ -31,16 +31,6 @@ from turnopd.core.types import AlignedSpan, Trajectory, Turn, build_token_batch,
 from turnopd.rollout.render import TeacherTokens, chat_prompt_ids, renderer_for
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def smol(smollm2_tokenizer_dir):
-    return AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
-
-
 def align(student_tok, teacher_tok, text: str, cut: int | None = None):
     """The student's ids of `text` (its first `cut`), their CrossTokens, and the spans as (student
     tokens, teacher tokens), as the vocabularies spell them."""

@@ -251,10 +251,27 @@ class ObjectiveConfig(Section):
         if self.kind == "jsd" and not 0.0 < self.jsd_beta < 1.0:
             raise RecipeError(f"recipe key 'objective.jsd_beta': {self.jsd_beta}; kind=jsd needs 0 < beta < 1")
         self._check_ratio(est, ", ".join(n for n in estimators.names() if estimators.get(n).needs_sampling_logprobs))
-        if self.tokenizers == "cross" and (est.needs_teacher_topk or est.needs_teacher_model):
+        self._check_tokenizers(est, run)
+
+    def _check_tokenizers(self, est: Any, run: RunConfig) -> None:
+        """The estimators a teacher of another tokenizer allows: the sampled-token ones and topk_cross."""
+        if est.needs_vocab_map:
+            if self.tokenizers == "match":
+                raise RecipeError(f"recipe key 'objective.estimator': {self.estimator} maps a teacher's top-k from its "
+                                  "own vocabulary, which needs objective.tokenizers=cross; with one tokenizer use topk")
+            if len({str(run.teachers.get(share.env.name)) for share in env_mixture(run)}) > 1:
+                raise RecipeError(f"recipe key 'objective.estimator': {self.estimator} maps one teacher's vocabulary "
+                                  "into the student's, and this multi-env run (envs) has several teachers; use k1, "
+                                  "k1_proximal, k1_decoupled or k3")
+        elif self.tokenizers == "cross" and est.needs_teacher_topk:
             raise RecipeError(f"recipe key 'objective.tokenizers': cross with estimator {self.estimator}, which reads "
-                              "the teacher's distribution over the student's vocabulary; across tokenizers only the "
-                              "sampled-token estimators are built: use k1, k1_proximal, k1_decoupled or k3")
+                              "the teacher's top-k ids as the student's; across tokenizers use topk_cross (exact on the "
+                              "tokens whose text both vocabularies hold, ULD's sorted-probability distance for the rest)")
+        elif self.tokenizers == "cross" and est.needs_teacher_model:
+            raise RecipeError(f"recipe key 'objective.tokenizers': cross with estimator {self.estimator}: the teacher in "
+                              "the training process reads the student's token ids, and its head's rows are another "
+                              "vocabulary's; use topk_cross (the teacher's top-k over its own vocabulary, mapped) or a "
+                              "sampled-token estimator (k1, k1_proximal, k1_decoupled, k3)")
 
     def _check_ratio(self, est: Any, with_ratio: str) -> None:
         """The keys that act on the estimator's importance ratio or read its sampled log-prob."""

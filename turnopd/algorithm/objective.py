@@ -270,9 +270,11 @@ class TokenInputs:
     the trainer did not compute it): the student's log-prob s of each token (with grad), its log-prob
     at sampling time s_old (the behaviour policy's), its log-prob s_prox under the weights the trainer's
     step started from (the proximal policy's, no grad), the teacher's T; the student's and the
-    teacher's log-probs of the teacher's top-k ids, and those ids; the student's hidden states and
-    output head, and the teacher's, when the teacher runs in the training process; the reward term's
-    advantage A of each token's episode (objective.reward_weight > 0)."""
+    teacher's log-probs of the teacher's top-k ids, and those ids (a teacher of another tokenizer's in
+    the student's vocabulary, -1 where it lacks the text: topk_cross); for topk_cross, the student ids
+    [V] no teacher id is paired with and the student's k largest log-probs among them; the student's
+    hidden states and output head, and the teacher's, when the teacher runs in the training process;
+    the reward term's advantage A of each token's episode (objective.reward_weight > 0)."""
 
     student: torch.Tensor | None = None
     sampling: torch.Tensor | None = None
@@ -281,6 +283,8 @@ class TokenInputs:
     student_topk: torch.Tensor | None = None
     teacher_topk: torch.Tensor | None = None
     teacher_topk_ids: torch.Tensor | None = None
+    student_rest_mask: torch.Tensor | None = None
+    student_rest: torch.Tensor | None = None
     student_hidden: torch.Tensor | None = None
     student_head: torch.Tensor | None = None
     teacher_hidden: torch.Tensor | None = None
@@ -301,6 +305,8 @@ class Estimator:
     needs_teacher_logprobs: bool = True  # the teacher's log-prob of each sampled token, scored before the step
     needs_teacher_topk: bool = False  # the teacher's top-k ids and log-probs (objective.topk)
     needs_teacher_model: bool = False  # the teacher's model in the training process (whole vocabulary)
+    # the teacher's top-k in its own vocabulary, mapped to the student's (objective.tokenizers=cross)
+    needs_vocab_map: bool = False
     needs_sampling_logprobs: bool = False  # the student's log-prob at sampling time (importance ratio)
     # the student's log-prob under the weights the trainer's step started from (the trainer computes it)
     needs_proximal_logprobs: bool = False
@@ -444,7 +450,50 @@ def topk_loss(student_topk_logprobs: torch.Tensor, teacher_topk_logprobs: torch.
     return divergence(with_tail_bucket(student), with_tail_bucket(teacher_topk_logprobs), kind, beta)
 
 
-def _chunk_divergence(student_hidden, student_head, teacher_hidden, teacher_head, kind, beta):
+@estimator("topk_cross", lambda x, o: (x.student, x.teacher, x.student_topk, x.teacher_topk, x.teacher_topk_ids,
+                                        x.student_rest, o.kind, o.jsd_beta),
+           needs_teacher_topk=True, needs_vocab_map=True, kinds=KL_KINDS)
+def topk_cross_loss(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, student_topk_logprobs: torch.Tensor,
+                    teacher_topk_logprobs: torch.Tensor, teacher_topk_student_ids: torch.Tensor,
+                    student_rest_logprobs: torch.Tensor, kind: str = "reverse", beta: float = 0.5) -> torch.Tensor:
+    """The teacher's top-k across vocabularies (objective.tokenizers=cross; docs/algorithm.md, "Teachers
+    of another tokenizer"): exact where the two vocabularies share a token's text, ULD's sorted-probability
+    distance for the rest. At a token whose position has the teacher's top-k (a span's first token):
+
+        shared_i = the teacher's slot i has a student token of its text (teacher_topk_student_ids >= 0)
+        D        = `topk_loss`(S_k, T_k masked to the shared slots): `kind` over the shared tokens + a tail
+        u_t      = the teacher's probabilities at its slots without a student token, sorted descending
+        u_s      = the student's k largest probabilities among its ids no teacher id is paired with
+        l        = D + sum_i |u_s,i - u_t,i|          (ULD: W1 between sorted probability vectors, 0-padded)
+
+    and at any other token (inside a span of several, or of no teacher tokens) `k3_loss`(s, T') on the
+    span's share T'. With identical vocabularies every slot is shared and no id is unpaired: l is
+    `topk_loss`. Shapes: student_logprobs, teacher_logprobs [n]; the other four [n, k] (teacher_topk_logprobs
+    -inf on padded slots, a whole row -inf where the position has no top-k; student_topk_logprobs at
+    teacher_topk_student_ids, any value where -1; student_rest_logprobs descending, -inf past its ids)."""
+    shared, teacher = teacher_topk_student_ids >= 0, teacher_topk_logprobs.detach()
+    exact = topk_loss(student_topk_logprobs, teacher.masked_fill(~shared, float("-inf")), kind, beta)
+    teacher_rest = teacher.exp().masked_fill(shared, 0.0).sort(dim=-1, descending=True).values
+    uld = (student_rest_logprobs.exp() - teacher_rest).abs().sum(-1)
+    has_topk = ~torch.isneginf(teacher).all(-1)
+    return torch.where(has_topk, exact + uld, k3_loss(student_logprobs, teacher_logprobs))
+
+
+def _by_row_chunks(fn: Callable[..., torch.Tensor], rowwise: tuple[torch.Tensor, ...], shared: tuple[Any, ...],
+                   chunk_size: int) -> torch.Tensor | None:
+    """fn(*(t[rows] for t in rowwise), *shared) over `chunk_size` rows at a time, concatenated on dim 0
+    (None for 0 rows); each chunk checkpointed (its [rows, V] logits recomputed in backward) when a
+    gradient flows, so peak memory is O(chunk_size * V)."""
+    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in (*rowwise, *shared))
+    out = []
+    for start in range(0, rowwise[0].shape[0], chunk_size):
+        args = (*(t[start : start + chunk_size] for t in rowwise), *shared)
+        out.append(checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args))
+    return torch.cat(out) if out else None
+
+
+def _chunk_divergence(student_hidden, teacher_hidden, student_head, teacher_head, kind, beta):
     student_logp = torch.log_softmax((student_hidden @ student_head.T).float(), dim=-1)
     teacher_logp = torch.log_softmax((teacher_hidden @ teacher_head.T).float(), dim=-1)
     return divergence(student_logp, teacher_logp.detach(), kind, beta)
@@ -462,18 +511,12 @@ def full_vocab_loss(student_hidden: torch.Tensor, student_head: torch.Tensor, te
     (activation checkpointing), so peak memory is O(chunk_size * V), never O(N * V)."""
     if student_head.shape[0] != teacher_head.shape[0]:
         raise ValueError(f"student vocab {student_head.shape[0]} != teacher vocab {teacher_head.shape[0]}")
-    out = []
-    for start in range(0, student_hidden.shape[0], chunk_size):
-        rows = slice(start, start + chunk_size)
-        args = (student_hidden[rows], student_head, teacher_hidden[rows].detach(), teacher_head.detach())
-        if torch.is_grad_enabled() and (student_hidden.requires_grad or student_head.requires_grad):
-            out.append(checkpoint(_chunk_divergence, *args, kind, beta, use_reentrant=False))
-        else:
-            out.append(_chunk_divergence(*args, kind, beta))
-    return torch.cat(out) if out else student_hidden.new_zeros(0)
+    out = _by_row_chunks(_chunk_divergence, (student_hidden, teacher_hidden.detach()),
+                         (student_head, teacher_head.detach(), kind, beta), chunk_size)
+    return student_hidden.new_zeros(0) if out is None else out
 
 
-def _chunk_gather(hidden, head, ids):
+def _chunk_gather(hidden, ids, head):
     logits = (hidden @ head.T).float()
     return torch.gather(logits, -1, ids) - torch.logsumexp(logits, dim=-1, keepdim=True)
 
@@ -485,15 +528,25 @@ def gather_logprobs(hidden: torch.Tensor, head: torch.Tensor, ids: torch.Tensor,
     action tokens' log-probs, never a whole-batch [N, V] log-softmax)."""
     squeeze = ids.ndim == 1
     ids2 = ids.unsqueeze(-1) if squeeze else ids
-    out = []
-    for start in range(0, hidden.shape[0], chunk_size):
-        rows = slice(start, start + chunk_size)
-        if torch.is_grad_enabled() and (hidden.requires_grad or head.requires_grad):
-            out.append(checkpoint(_chunk_gather, hidden[rows], head, ids2[rows], use_reentrant=False))
-        else:
-            out.append(_chunk_gather(hidden[rows], head, ids2[rows]))
-    result = torch.cat(out) if out else hidden.new_zeros(0, ids2.shape[-1])
+    result = _by_row_chunks(_chunk_gather, (hidden, ids2), (head,), chunk_size)
+    result = hidden.new_zeros(0, ids2.shape[-1]) if result is None else result
     return result.squeeze(-1) if squeeze else result
+
+
+def _chunk_masked_topk(hidden, head, keep, k):
+    logprobs = torch.log_softmax((hidden @ head.T).float(), dim=-1)
+    return logprobs.masked_fill(~keep, float("-inf")).topk(k, dim=-1).values
+
+
+def masked_topk_logprobs(hidden: torch.Tensor, head: torch.Tensor, keep: torch.Tensor, k: int,
+                         chunk_size: int = 256) -> torch.Tensor:
+    """The k largest of log softmax(hidden @ head^T) over the ids where `keep` [V] is True, in descending
+    order, for hidden [N, d], head [V, d]: [N, k], -inf past the kept ids' count. Chunked and
+    checkpointed like `full_vocab_loss`; differentiable in the values kept."""
+    width = min(k, head.shape[0])
+    out = _by_row_chunks(_chunk_masked_topk, (hidden,), (head, keep, width), chunk_size)
+    out = hidden.new_zeros(0, width, dtype=torch.float32) if out is None else out
+    return torch.nn.functional.pad(out, (0, k - width), value=float("-inf"))
 
 
 # --------------------------------------------------------------------------------------------

@@ -29,6 +29,11 @@ Pure functions (a tokenizer is read only through `convert_ids_to_tokens`, `all_s
   so sum_p T'_p = T_span and each token's sampled log-ratio T'_p - s_old_p is an equal share of the
   span's. The estimators read T' as they read a same-tokenizer teacher's log-probs; with identical
   tokenizers every span is one token and T' = T (up to float rounding).
+- TOP-K (estimator topk_cross, turnopd.algorithm.objective.topk_cross_loss): the two next-token
+  distributions correspond where the prefix bytes do, at a span's first token (a boundary of both
+  tokenizations), so the teacher's top-k of its span's first token is kept at the student's first
+  token of the span (`span_first_topk`), in the teacher's ids; the VOCABULARY MAP (`vocab_map`, once
+  per pair of tokenizers) pairs the ids of the texts both vocabularies hold.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 from functools import cache
 from typing import Any
+
+import torch
 
 from turnopd.core.types import AlignedSpan
 
@@ -153,3 +160,70 @@ def spread_teacher_logprobs(spans: Sequence[AlignedSpan], teacher_logprobs: Sequ
         for p in range(span.student_start, span.student_end):
             out[p] = sampling_logprobs[p] + share
     return out
+
+
+def span_first_topk(spans: Sequence[AlignedSpan], topk_ids: Sequence[list[int]], topk_logprobs: Sequence[list[float]]
+                    ) -> tuple[list[list[int]], list[list[float]]]:
+    """The teacher's top-k over its vocabulary carried to the student's tokens: at the first student
+    token of each span with teacher tokens, the teacher's ids and log-probs at the span's first teacher
+    token (both predict the span's first token after the same bytes); [] at every other student token.
+    topk_ids / topk_logprobs [m][k] (the teacher's action tokens); returns two [n][k or 0]."""
+    n = spans[-1].student_end if spans else 0
+    ids: list[list[int]] = [[] for _ in range(n)]
+    logprobs: list[list[float]] = [[] for _ in range(n)]
+    for span in spans:
+        if span.teacher_end > span.teacher_start:
+            ids[span.student_start] = list(topk_ids[span.teacher_start])
+            logprobs[span.student_start] = list(topk_logprobs[span.teacher_start])
+    return ids, logprobs
+
+
+@dataclass(frozen=True)
+class VocabMap:
+    """The texts two vocabularies share, as ids (`vocab_map`)."""
+
+    student_of_teacher: torch.Tensor  # [V_t] long: the student id of each teacher id's text, -1 where none
+    student_only: torch.Tensor  # [V_s] bool: the student ids no teacher id is paired with
+
+    def student_ids(self, teacher_ids: torch.Tensor) -> torch.Tensor:
+        """Teacher ids (any shape) as student ids, -1 where the student's vocabulary lacks the text (and
+        for an id past the teacher's tokenizer: a padding row of its head)."""
+        size = self.student_of_teacher.shape[0]
+        inside = teacher_ids < size
+        return torch.where(inside, self.student_of_teacher[teacher_ids.clamp(max=size - 1)], -1)
+
+    def rest_mask(self, rows: int) -> torch.Tensor:
+        """`student_only` over a student head of `rows` >= V_s rows, [rows]: the rows past the tokenizer's
+        ids are no token's text and left out (False)."""
+        return torch.cat([self.student_only, torch.zeros(rows - self.student_only.shape[0], dtype=torch.bool)])
+
+
+def _texts(tokenizer: Any) -> dict[bytes | str, int]:
+    """Each text of a vocabulary -> its id: a special token's text is its string, any other token's its
+    bytes (`piece_bytes`); of ids of the same bytes, a `<0xNN>` byte fallback yields to a token that
+    spells them, else the first id is kept (so the map is one-to-one)."""
+    special = set(tokenizer.all_special_ids)
+    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    out: dict[bytes | str, int] = {}
+    for i, piece in enumerate(pieces):
+        if piece is None:
+            continue
+        text = piece if i in special else piece_bytes(piece)
+        if text not in out or (_BYTE_FALLBACK.match(pieces[out[text]]) and not _BYTE_FALLBACK.match(piece)):
+            out[text] = i
+    return out
+
+
+@cache
+def vocab_map(student_tokenizer: Any, teacher_tokenizer: Any) -> VocabMap:
+    """The vocabulary map of a (student, teacher) pair of tokenizers, computed once per pair: the ids
+    of each text both hold (`_texts`: bytes, as the alignment reads tokens; special tokens by their
+    string, so `<|im_end|>` pairs with `<|im_end|>`)."""
+    student, teacher = _texts(student_tokenizer), _texts(teacher_tokenizer)
+    to_student = torch.full((len(teacher_tokenizer),), -1, dtype=torch.long)
+    student_only = torch.ones(len(student_tokenizer), dtype=torch.bool)
+    for text, teacher_id in teacher.items():
+        if text in student:
+            to_student[teacher_id] = student[text]
+            student_only[student[text]] = False
+    return VocabMap(to_student, student_only)

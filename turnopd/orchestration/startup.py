@@ -21,6 +21,7 @@ from teachers import Teacher, check_tokenizers, make_teachers
 from teachers.vllm_server import check_server
 from turnopd.algorithm.controllers import DepthSchedule, EnvDepths
 from turnopd.algorithm.objective import ESTIMATORS
+from turnopd.algorithm.token_alignment import vocab_map
 from turnopd.config import RecipeError, RunConfig
 from turnopd.core import checkpoint as ckpt
 from turnopd.core.distributed import barrier, gather_objects, rank_and_world
@@ -123,11 +124,14 @@ def load_models(cfg: RunConfig, setup: Setup) -> tuple[Trainer, Any, Policy, dic
             raise RecipeError(f"recipe key 'objective.tokenizers': cross, and teacher {teacher.name} has no tokenizer "
                               "here to render its turns with (a vllm_server teacher reads spec.tokenizer or "
                               "spec.model: name a local tokenizer folder)")
+    estimator = ESTIMATORS.get(cfg.objective.estimator)
     teacher_model = None
-    if ESTIMATORS.get(cfg.objective.estimator).needs_teacher_model:  # a multi-env run's by env: each reads its env's
+    if estimator.needs_teacher_model:  # a multi-env run's by env: each reads its env's
         teacher_model = {env: t.model for env, t in teachers.items()} if cfg.envs else teachers[cfg.env.name].model
+    # topk_cross maps one teacher's vocabulary (several teachers with it are refused at the recipe check)
+    maps = vocab_map(tokenizer, next(iter(teachers.values())).tokenizer) if estimator.needs_vocab_map else None
     trainer = Trainer(student, cfg.trainer, cfg.objective, cfg.loss, cfg.trainer.steps, teacher_model=teacher_model,
-                      familiarity_cfg=cfg.familiarity, vocab=len(tokenizer))
+                      familiarity_cfg=cfg.familiarity, vocab=len(tokenizer), vocab_map=maps)
     policy = make_policy(cfg.policy, trainer.module, tokenizer=tokenizer, seed=cfg.seed)
     return trainer, tokenizer, policy, teachers
 

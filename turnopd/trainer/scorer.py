@@ -22,7 +22,13 @@ import torch
 from torch import nn
 
 from turnopd.algorithm.familiarity import entropy_from_logprobs, mask_spans, span_signals
-from turnopd.algorithm.objective import Estimator, TokenInputs, gather_logprobs, policy_gradient_loss
+from turnopd.algorithm.objective import (
+    Estimator,
+    TokenInputs,
+    gather_logprobs,
+    masked_topk_logprobs,
+    policy_gradient_loss,
+)
 
 
 def check_causal_lm(model: nn.Module, role: str) -> None:
@@ -129,7 +135,8 @@ class ActionScorer(nn.Module):
         [rows, L] (no attention mask needed: a real token attends only to earlier positions, all real).
 
         `inputs` holds what the batch brings (sampling and teacher log-probs, the teacher's top-k,
-        or the teacher's hidden states [n, d] and head [V, d]) and the proximal log-probs when the
+        or the teacher's hidden states [n, d] and head [V, d]; for topk_cross the student ids no teacher id
+        is paired with, whose k largest log-probs this forward reads out too) and the proximal log-probs when the
         trainer computed them before its first update; this forward adds the student's side
         the estimator needs: the log-probs of the tokens (and of the teacher's top-k ids at the same
         positions), read out through the head in chunks, or the hidden states and head for a
@@ -149,10 +156,14 @@ class ActionScorer(nn.Module):
             loss = estimator.token_loss(inputs, settings)
             return {"loss": loss, "kl": loss}
         topk_ids = inputs.teacher_topk_ids if estimator.needs_teacher_topk else None
-        ids = token_ids[:, None] if topk_ids is None else torch.cat([token_ids[:, None], topk_ids], 1)
+        # an id of -1 (topk_cross: a teacher's text the student's vocabulary lacks) reads row 0, unused
+        ids = token_ids[:, None] if topk_ids is None else torch.cat([token_ids[:, None], topk_ids.clamp(min=0)], 1)
         logprobs = gather_logprobs(hidden, self.head_weight, ids, self.chunk_size)
         inputs = dataclasses.replace(inputs, student=logprobs[:, 0],
                                      student_topk=logprobs[:, 1:] if topk_ids is not None else None)
+        if estimator.needs_vocab_map:  # the student's most likely ids among those no teacher id is paired with
+            inputs = dataclasses.replace(inputs, student_rest=masked_topk_logprobs(
+                hidden, self.head_weight, inputs.student_rest_mask, topk_ids.shape[1], self.chunk_size))
         if estimator.needs_proximal_logprobs and inputs.proximal is None:
             # none given: the step is one update, so this forward runs the weights the step started
             # from, the proximal policy's (no second pass)

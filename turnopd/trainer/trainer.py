@@ -44,6 +44,7 @@ from turnopd.algorithm.objective import (
     per_trajectory_turn_means,
     turn_row_index,
 )
+from turnopd.algorithm.token_alignment import VocabMap
 from turnopd.config import FamiliarityConfig, LossConfig, ObjectiveConfig, TrainerConfig
 from turnopd.core.checkpoint import load_plain
 from turnopd.core.device import synchronize
@@ -230,7 +231,8 @@ class Trainer:
     """A DeepSpeed engine around an HF causal LM student, minimizing the OPD loss.
 
     Trainer(model, trainer_cfg, objective_cfg, loss_cfg, total_steps, teacher_model=None, familiarity_cfg=None,
-            vocab=None)                 vocab: the tokenizer's vocabulary size (`full` with heads of unequal rows)
+            vocab=None, vocab_map=None) vocab: the tokenizer's vocabulary size (`full` with heads of unequal rows);
+                                        vocab_map: the (student, teacher) tokenizers' (topk_cross)
     step(batch, alpha) -> StepResult   one optimizer step on this rank's share of the batch
     module                              the HF model (trained in place)
     save(dir) / load(dir)               HF weights + optimizer + scheduler + step counter; call on
@@ -239,7 +241,8 @@ class Trainer:
 
     def __init__(self, model: nn.Module, trainer_cfg: TrainerConfig, objective_cfg: ObjectiveConfig,
                  loss_cfg: LossConfig, total_steps: int, teacher_model: nn.Module | dict[str, nn.Module] | None = None,
-                 familiarity_cfg: FamiliarityConfig | None = None, vocab: int | None = None):
+                 familiarity_cfg: FamiliarityConfig | None = None, vocab: int | None = None,
+                 vocab_map: VocabMap | None = None):
         init_process_group()  # before importing deepspeed: it picks the accelerator on import
 
         self.cfg, self.objective, self.loss_cfg = trainer_cfg, objective_cfg, loss_cfg
@@ -253,6 +256,12 @@ class Trainer:
         # V, the head rows compared: one for every teacher, as they all score the student's tokenizer
         self.vocab = min(check_in_process_teacher(model, teacher, objective_cfg.estimator, vocab)
                          for teacher in teachers.values()) if self.estimator.needs_teacher_model else None
+        if self.estimator.needs_vocab_map and vocab_map is None:
+            raise ValueError(f"objective.estimator={self.estimator.name} reads a teacher's top-k in its own vocabulary: "
+                             "give the trainer the (student, teacher) vocabulary map (token_alignment.vocab_map)")
+        self.vocab_map = vocab_map if self.estimator.needs_vocab_map else None
+        # the student ids no teacher id is paired with, over its head's rows (read before ZeRO-3 partitions it)
+        self.rest_mask = vocab_map.rest_mask(model.get_output_embeddings().weight.shape[0]) if self.vocab_map else None
         dtype = resolve_dtype(trainer_cfg.dtype)
         if trainer_cfg.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -539,7 +548,11 @@ class Trainer:
         if self.objective.reward_weight > 0:  # the reward term (none computed at 0: pure OPD as it was)
             inputs = dataclasses.replace(inputs, advantage=tokens.advantages[idx].to(device))
         if self.estimator.needs_teacher_topk:
-            inputs = dataclasses.replace(inputs, teacher_topk_ids=tokens.topk_ids[idx].to(device),
+            topk_ids = tokens.topk_ids[idx]
+            if self.vocab_map is not None:  # a teacher of another tokenizer: its ids as the student's (-1: none)
+                topk_ids = self.vocab_map.student_ids(topk_ids)
+                inputs = dataclasses.replace(inputs, student_rest_mask=self.rest_mask.to(device))
+            inputs = dataclasses.replace(inputs, teacher_topk_ids=topk_ids.to(device),
                                          teacher_topk=tokens.topk_logprobs[idx].to(device))
         if self.estimator.needs_teacher_model:
             inputs = dataclasses.replace(inputs, teacher_hidden=teacher_hidden,
