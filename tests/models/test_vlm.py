@@ -60,17 +60,18 @@ def test_the_folder_loads_back_as_the_model_that_was_built(pages, vlm_dir: Path,
     assert info["builder"] == "tiny_vlm" and info["parameters"] == model.num_parameters()
 
 
-def test_a_screen_goes_in_unchanged_in_size_scaled_to_minus_one_one(loaded) -> None:
+def test_a_screen_goes_in_unchanged_in_size_white_zero_black_minus_one(loaded) -> None:
     _, processor = loaded
     screen = draw_lines(["[Buy Now]"], Screen())
     assert screen.shape == (576, 576) and screen.dtype == np.uint8
     pixels = vlm.screen_pixel_values([screen, 255 - screen], processor)
     assert pixels.shape == (2, 3, 576, 576) and pixels.dtype == torch.float32
-    expected = torch.from_numpy(screen.astype(np.float32) / 255 * 2 - 1)  # (v/255 - 0.5) / 0.5
+    expected = torch.from_numpy(screen.astype(np.float32) / 255 - 1)  # v/255 - 1: a blank cell is 0
     for channel in range(3):  # the gray value replicated in every channel
         assert torch.allclose(pixels[0, channel], expected, atol=1e-6)
-    assert torch.allclose(pixels[1], -pixels[0], atol=1e-6)  # the inverted screen
-    assert pixels.min() == -1 and pixels.max() == 1
+    assert torch.allclose(pixels[1], -1 - pixels[0], atol=1e-6)  # the inverted screen
+    assert pixels.min() == -1 and pixels.max() == 0
+    assert (pixels[0, :, 12:] == 0).all()  # below the one line: nothing but white, all zero
 
 
 def test_each_image_placeholder_stands_for_one_token_per_patch(loaded) -> None:
@@ -143,6 +144,41 @@ def test_a_few_transcription_steps_lower_the_loss_on_two_pages(pages, vlm_dir: P
         after = vlm.transcription_loss(model, batch).item()
     assert losses[0] == pytest.approx(before, rel=1e-5)  # the first step's loss is the untrained model's
     assert after < before - 0.5, (before, after, losses)
+
+
+def test_the_cells_under_each_patch_are_the_characters_drawn_there(pages) -> None:
+    page = max(pages, key=lambda p: len(p.text))
+    grid = vlm.cell_grid(page.text)
+    assert grid.shape == (48, 96)
+    boxes = torch.from_numpy(page.pixels).view(48, CELL_H, 96, CELL_W).permute(0, 2, 1, 3)
+    # [48, 96]: a cell with a dark pixel in its first 5 pixel columns (some glyphs of the bitmap font
+    # reach one pixel left, into the last column of the cell before)
+    inked = (boxes[..., :, : CELL_W - 1] < 255).flatten(2).any(-1)
+    assert torch.equal(inked, grid != ord(" "))  # ink exactly where the text puts a character
+    cells = vlm.patch_cells(grid, 24)  # patch 24: 2 rows x 4 columns of cells, patches row-major
+    assert cells.shape == (576, 8)
+    assert cells[0].tolist() == grid[0:2, 0:4].flatten().tolist()
+    assert cells[24 + 3].tolist() == grid[2:4, 12:16].flatten().tolist()  # patch row 1, column 3
+    assert vlm.patch_cells(grid, 12).shape == (48 * 48, 2)
+
+
+def test_the_reader_and_the_transcription_loss_come_from_one_forward(pages, loaded) -> None:
+    model, processor = loaded
+    reader = vlm.cell_reader_for(model)
+    batch = vlm.transcription_batch(pages[:2], processor, model.config)
+    cells = vlm.cell_labels(pages[:2], 24)
+    with torch.no_grad():
+        loss, cell_loss = vlm.reading_loss(model, reader, batch, cells)
+        logits = reader(vlm.image_features(model, batch["pixel_values"]))
+        assert loss.item() == pytest.approx(vlm.transcription_loss(model, batch).item(), rel=1e-6)
+    assert logits.shape == (2, 576, 8, vlm.CELL_CLASSES)
+    per_cell = torch.nn.functional.cross_entropy(logits.reshape(-1, vlm.CELL_CLASSES), cells.reshape(-1),
+                                                 reduction="none")
+    blank = cells.reshape(-1) == ord(" ")
+    assert 0 < (~blank).sum() < blank.sum()  # the pages' characters, and more blank cells than them
+    expected = per_cell[blank].mean() + per_cell[~blank].mean()  # each kind of cell weighs half
+    assert cell_loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert 0 <= vlm.cell_accuracy(model, reader, processor, pages[:1]) <= 1
 
 
 def test_character_accuracy_is_one_minus_the_character_error_rate() -> None:
