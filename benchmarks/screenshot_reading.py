@@ -27,8 +27,7 @@ from record import Summary, save_result
 from turnopd.models import vlm
 from turnopd.models.env_text import env_corpus
 
-SIZE = {"hidden_size": 128, "num_layers": 3, "num_heads": 4, "vision_hidden_size": 128, "vision_layers": 2,
-        "vision_heads": 2, "max_position_embeddings": 4096}
+SIZE = {"hidden_size": 128, "num_layers": 3, "num_heads": 4, "max_position_embeddings": 4096}  # the tower: defaults
 
 
 def per_page(model, processor, reader, pages: list[vlm.PageShot]) -> list[dict[str, float]]:

@@ -16,8 +16,17 @@ Patch size 24 (the default): a patch must cover whole character cells (6 x 12 px
 character is cut between two patches, i.e. P a multiple of 12; P = 12 (2 chars x 1 row) gives 2,304
 image tokens a screen, P = 24 (4 chars x 2 rows) 576, P = 48 (8 chars x 4 rows) 144. 576 keeps a
 screen's sequence (576 image + 21 prompt + a page's 35-710 answer tokens, median ~210) short enough
-to train on 2 CPU cores (~0.8 s a step of 4 pages at the default sizes) while each image token still
-has only 8 characters to carry; 2,304 would make the image 90% of every sequence.
+to train on 2 CPU cores while each image token has 8 characters to carry; 2,304 would make the
+image 90% of every sequence. One patch per cell (6 x 12 px, 4,608 a screen) would make reading a
+per-cell classification outright, but SigLIP's patches are square (one `patch_size`), and 4,608
+image tokens are far too many for the tiny language model; so the patch is 8 cells side by side:
+
+Reading (docs/screenshots.md): the patch embedding starts as one 6 x 12 cell encoder shared by the
+patch's 8 cells (init_cell_patches), the tower is wide (hidden 512: 64 channels a cell; at 128, 16
+a cell, a linear read-out of the characters learnt ~10x slower), the pixels are 0 where the screen
+is white (build_image_processor), and the transcription stage trains a CellReader beside the
+transcription loss: every cell's character read linearly from its patch's feature, so that reading
+is a per-cell classification and the patch features carry the page.
 
 Channels: three, the grayscale replicated (the processor converts the "L" image to RGB). A
 1-channel tower would be the honest shape, and transformers and the processor run it
@@ -27,8 +36,9 @@ shape [n, 3, h, w]; the cost of 3 is the patch embedding's 3 x P^2 x hidden weig
 Transcription stage (`prepare_tiny_vlm`): before any agent SFT, the fresh model learns to read:
 (screenshot -> the page's lines joined by "\\n") pairs from the WebShop expert's episodes on the
 train split, the chat prompt "<image>\\nTranscribe the page." and the page text as the answer (loss
-on the answer tokens only). Its quality is measured on held-out test-split pages before and after,
-and goes into the build record (turnopd_build.json, "transcription").
+on the answer tokens only), plus the cell reader's per-cell loss. Its quality is measured on
+held-out test-split pages before and after (and the cells read, right screen against another
+page's), and goes into the build record (turnopd_build.json, "transcription").
 
 Everything is seeded: the same options give the same weights on one machine and install.
 """
@@ -101,8 +111,8 @@ def new_tiny_vlm(
     num_heads: int = 2,
     intermediate_size: int | None = None,
     max_position_embeddings: int = 4096,
-    vision_hidden_size: int = 128,
-    vision_layers: int = 2,
+    vision_hidden_size: int = 512,
+    vision_layers: int = 1,
     vision_heads: int = 2,
     vision_intermediate_size: int | None = None,
     patch_size: int = PATCH_SIZE,
@@ -161,7 +171,9 @@ def init_cell_patches(patch_embedding: torch.nn.Conv2d) -> None:
     patches are square, so a patch cannot be one cell; this makes it start as the patch's cells side
     by side, each read by the same filters (a glyph is learnt once, not once per place in the
     patch), and training is free to change it. Random 72-pixel -> hidden / 8 projections keep the
-    font's glyphs apart."""
+    font's glyphs apart; their scale gives a glyph's ~15 dark pixels about one unit a channel, so a
+    patch's text outweighs the position embedding it is added to (norm ~1): at SigLIP's default
+    scale the glyphs were ~0.17 of it and the image tokens of a page nearly one vector."""
     from envs.webshop.screenshot import CELL_H, CELL_W
 
     hidden, channels, size, _ = patch_embedding.weight.shape
@@ -170,7 +182,7 @@ def init_cell_patches(patch_embedding: torch.nn.Conv2d) -> None:
         raise ValueError(f"patch {size} with vision hidden {hidden}: the patch must be whole cells "
                          f"({CELL_W} x {CELL_H} px) and the hidden size a multiple of its {tall * wide} cells")
     group = hidden // (tall * wide)
-    bank = torch.randn(group, channels, CELL_H, CELL_W) / math.sqrt(channels * CELL_H * CELL_W)
+    bank = torch.randn(group, channels, CELL_H, CELL_W) / math.sqrt(channels * CELL_H)
     weight = torch.zeros_like(patch_embedding.weight)
     for cell in range(tall * wide):
         row, col = divmod(cell, wide)
@@ -301,9 +313,9 @@ def patch_cells(grid: torch.Tensor, patch_size: int) -> torch.Tensor:
 
 
 class CellReader(torch.nn.Module):
-    """A linear read-out of every cell's character from the image tokens the language model receives
-    (the projector's output, one per patch): trained beside the transcription loss, it makes each
-    image token carry its cells' characters, so reading is a per-cell classification; the student
+    """A linear read-out of every cell's character from the vision tower's patch features (what the
+    projector turns into the image tokens): trained beside the transcription loss, it makes each
+    patch feature carry its cells' characters, so reading is a per-cell classification; the student
     is saved without it (LLaVA has no place for it, and generation never uses it)."""
 
     def __init__(self, hidden_size: int, cells_per_patch: int):
@@ -311,25 +323,23 @@ class CellReader(torch.nn.Module):
         self.cells_per_patch = cells_per_patch
         self.linear = torch.nn.Linear(hidden_size, cells_per_patch * CELL_CLASSES)
 
-    def forward(self, image_features: torch.Tensor) -> torch.Tensor:
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
         """[n, patches, hidden] -> logits [n, patches, cells per patch, CELL_CLASSES]."""
-        return self.linear(image_features).unflatten(-1, (self.cells_per_patch, CELL_CLASSES))
+        return self.linear(features).unflatten(-1, (self.cells_per_patch, CELL_CLASSES))
 
 
 def cell_reader_for(model: LlavaForConditionalGeneration) -> CellReader:
-    """A fresh CellReader for the model's image tokens (its text hidden size, its patch's cells)."""
+    """A fresh CellReader for the model's patch features (its vision hidden size, its patch's cells)."""
     from envs.webshop.screenshot import CELL_H, CELL_W
 
-    patch = model.config.vision_config.patch_size
-    return CellReader(model.config.text_config.hidden_size, (patch // CELL_W) * (patch // CELL_H))
+    vision = model.config.vision_config
+    return CellReader(vision.hidden_size, (vision.patch_size // CELL_W) * (vision.patch_size // CELL_H))
 
 
-def image_features(model: LlavaForConditionalGeneration, pixel_values: torch.Tensor) -> torch.Tensor:
-    """The image tokens the language model receives for pixel_values: [n, patches, text hidden]."""
-    features = model.model.get_image_features(pixel_values=pixel_values, vision_feature_layer=-1,
-                                              vision_feature_select_strategy="full")
-    features = getattr(features, "pooler_output", features)  # transformers 5 returns an output record
-    return torch.stack(list(features)) if isinstance(features, (list, tuple)) else features
+def patch_features(model: LlavaForConditionalGeneration, pixel_values: torch.Tensor) -> torch.Tensor:
+    """The vision tower's last-layer patch features, what the projector takes (vision_feature_layer
+    -1, strategy "full"): [n, patches, vision hidden]."""
+    return model.model.vision_tower(pixel_values, output_hidden_states=True).hidden_states[-1]
 
 
 def cell_labels(pages: Sequence[PageShot], patch_size: int) -> torch.Tensor:
@@ -341,11 +351,11 @@ def cell_labels(pages: Sequence[PageShot], patch_size: int) -> torch.Tensor:
 def cell_accuracy(model: LlavaForConditionalGeneration, reader: CellReader, processor: LlavaProcessor,
                   pages: Sequence[PageShot]) -> float:
     """The fraction of the pages' text characters (non-blank cells) the reader gets right from the
-    image tokens of `pages`' pixels (blank cells, most of a screen, would make any reader look good)."""
+    patch features of `pages`' pixels (blank cells, most of a screen, would make any reader look good)."""
     model.eval()
     hits = total = 0
     for page in pages:
-        logits = reader(image_features(model, screen_pixel_values([page.pixels], processor)))
+        logits = reader(patch_features(model, screen_pixel_values([page.pixels], processor)))
         labels = cell_labels([page], model.config.vision_config.patch_size)
         text = labels != ord(" ")
         hits += int((logits.argmax(-1)[text] == labels[text]).sum())
@@ -430,12 +440,12 @@ def transcription_quality(model: LlavaForConditionalGeneration, processor: Llava
 
 def reading_loss(model: LlavaForConditionalGeneration, reader: CellReader, batch: dict[str, torch.Tensor],
                  cells: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The transcription loss and the reader's per-cell loss from one forward (the image tokens are
-    caught as they leave the projector). The per-cell loss is the mean cross-entropy over the cells
+    """The transcription loss and the reader's per-cell loss from one forward (the patch features
+    are caught as they enter the projector). The per-cell loss is the mean cross-entropy over the cells
     with a character plus that over the blank ones: blanks are ~90% of a screen, and in one mean
     a reader learns "blank" everywhere first and reads no character for many steps."""
     caught: list[torch.Tensor] = []
-    hook = model.model.multi_modal_projector.register_forward_hook(lambda _m, _i, out: caught.append(out))
+    hook = model.model.multi_modal_projector.register_forward_hook(lambda _m, args, _out: caught.append(args[0]))
     try:
         loss = model(**batch).loss
     finally:
@@ -456,7 +466,7 @@ def reading_test(model: LlavaForConditionalGeneration, processor: LlavaProcessor
                  pages: Sequence[PageShot]) -> dict[str, float]:
     """The test of reading on held-out pages, each with its own screen and with another page's
     (swapped_screens): the language model's teacher-forced token accuracy, and the characters the
-    reader gets right from the image tokens the language model receives (cell_accuracy)."""
+    reader gets right from the tower's patch features (cell_accuracy)."""
     swapped = swapped_screens(pages)
     return {"token_accuracy": token_accuracy(model, processor, pages),
             "token_accuracy_swapped": token_accuracy(model, processor, swapped),

@@ -126,7 +126,8 @@ class ScreenshotView(EnvAnswers):
     tokenizer: Any
     image_tokens: int
 
-    def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]], turns: Sequence[Turn]) -> RenderedPrompt:
+    def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]], turns: Sequence[Turn],
+               prior: Sequence[PriorStep] = ()) -> RenderedPrompt:
         text = chat_prompt_ids(self.tokenizer, self.spec.render_prompt(ctx))
         view, keys = screenshot_view(ctx, [info.get("screenshot", "") for info in infos], self.spec.screenshot_window)
         placeholder = self.tokenizer.convert_tokens_to_ids(IMAGE_PLACEHOLDER)
