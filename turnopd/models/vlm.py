@@ -133,8 +133,7 @@ def new_tiny_vlm(
         raise ValueError(f"patch_size {patch_size} does not divide the screen's {SCREEN_PIXELS} pixels")
     if num_channels not in (1, 3):
         raise ValueError(f"num_channels must be 1 (grayscale) or 3 (replicated RGB), not {num_channels}")
-    # tiny.build_tokenizer's byte-level BPE with the image placeholder: a text teacher built with
-    # image_token=True on the same texts has the same vocabulary
+    # tiny's byte-level BPE with the image placeholder: a text teacher built with image_token has it too
     tok = build_tokenizer(texts, vocab_size=vocab_size, model_max_length=max_position_embeddings, image_token=True)
     language = text_config(tok, arch=arch, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
                            num_kv_heads=num_heads, intermediate_size=intermediate_size or 4 * hidden_size,
