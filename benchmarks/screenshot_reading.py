@@ -1,17 +1,17 @@
 """Does the VLM student read the screen? The test of reading on held-out WebShop pages: each page
 with its own screenshot against the same page with another page's (the gap is the reading).
 
-    OMP_NUM_THREADS=2 python benchmarks/screenshot_reading.py                 # the recipe's VLM shape, 120 steps
-    python benchmarks/screenshot_reading.py --steps 120 --pages 16 --seeds 0
+    OMP_NUM_THREADS=2 python benchmarks/screenshot_reading.py                 # the recipe's VLM shape, 100 steps
+    python benchmarks/screenshot_reading.py --steps 100 --pages 16 --seeds 0
 
 Per seed: a fresh `tiny_vlm` (turnopd.models.vlm.new_tiny_vlm, the shape of
-recipes/webshop/screenshot_student_sft.yaml's build: text hidden 128 x 3 layers, SigLIP tower hidden
-128 x 2 layers, patch 24 = 2 rows x 4 columns of character cells, 576 image tokens a page) trains
-its transcription stage with the cell reader (vlm.train_transcription: transcription loss plus each
-image token's 8 cells' characters) on the distinct expert pages of 100 train-split episodes, then
+recipes/webshop/screenshot_student_sft.yaml's build: text hidden 128 x 3 layers, the default SigLIP
+tower, hidden 512 x 1 layer, patch 24 = 2 rows x 4 columns of character cells, 576 image tokens a
+page) trains its transcription stage with the cell reader (vlm.train_transcription: transcription
+loss plus each patch's 8 cells' characters) on the distinct expert pages of 100 train-split episodes, then
 vlm.reading_test on --pages test-split pages spread over the distinct pages of 20 test episodes
-(none seen in training): the characters the reader gets right from the image tokens the language
-model receives, and the language model's teacher-forced transcription token accuracy, right screen
+(none seen in training): the characters the reader gets right from the tower's patch features
+(what the projector turns into the image tokens), and the language model's teacher-forced transcription token accuracy, right screen
 against swapped. Summaries are medians over the held-out pages with their range (per-page values in
 the samples); saved to benchmarks/results/screenshot_reading.json (docs/screenshots.md).
 """
@@ -63,14 +63,14 @@ def run(seed: int, steps: int, pages: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--pages", type=int, default=16)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     args = parser.parse_args()
     samples = [run(seed, args.steps, args.pages) for seed in args.seeds]
     rows = [row for sample in samples for row in sample["pages"]]
-    labels = {"cell_accuracy": "characters read from the image tokens, right screen",
-              "cell_accuracy_swapped": "characters read from the image tokens, another page's screen",
+    labels = {"cell_accuracy": "characters read from the patch features, right screen",
+              "cell_accuracy_swapped": "characters read from the patch features, another page's screen",
               "token_accuracy": "transcription token accuracy (teacher-forced), right screen",
               "token_accuracy_swapped": "transcription token accuracy (teacher-forced), another page's screen"}
     summaries = [Summary.of(label, [row[key] for row in rows], "fraction") for key, label in labels.items()]
