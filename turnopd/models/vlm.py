@@ -16,8 +16,17 @@ Patch size 24 (the default): a patch must cover whole character cells (6 x 12 px
 character is cut between two patches, i.e. P a multiple of 12; P = 12 (2 chars x 1 row) gives 2,304
 image tokens a screen, P = 24 (4 chars x 2 rows) 576, P = 48 (8 chars x 4 rows) 144. 576 keeps a
 screen's sequence (576 image + 21 prompt + a page's 35-710 answer tokens, median ~210) short enough
-to train on 2 CPU cores (~0.8 s a step of 4 pages at the default sizes) while each image token still
-has only 8 characters to carry; 2,304 would make the image 90% of every sequence.
+to train on 2 CPU cores while each image token has 8 characters to carry; 2,304 would make the
+image 90% of every sequence. One patch per cell (6 x 12 px, 4,608 a screen) would make reading a
+per-cell classification outright, but SigLIP's patches are square (one `patch_size`), and 4,608
+image tokens are far too many for the tiny language model; so the patch is 8 cells side by side:
+
+Reading (docs/screenshots.md): the patch embedding starts as one 6 x 12 cell encoder shared by the
+patch's 8 cells (init_cell_patches), the tower is wide (hidden 512: 64 channels a cell; at 16 a
+cell a linear read-out of the characters learnt several times slower), the pixels are 0 where the screen
+is white (build_image_processor), and the transcription stage trains a CellReader beside the
+transcription loss: every cell's character read linearly from its patch's feature, so that reading
+is a per-cell classification and the patch features carry the page.
 
 Channels: three, the grayscale replicated (the processor converts the "L" image to RGB). A
 1-channel tower would be the honest shape, and transformers and the processor run it
@@ -27,8 +36,9 @@ shape [n, 3, h, w]; the cost of 3 is the patch embedding's 3 x P^2 x hidden weig
 Transcription stage (`prepare_tiny_vlm`): before any agent SFT, the fresh model learns to read:
 (screenshot -> the page's lines joined by "\\n") pairs from the WebShop expert's episodes on the
 train split, the chat prompt "<image>\\nTranscribe the page." and the page text as the answer (loss
-on the answer tokens only). Its quality is measured on held-out test-split pages before and after,
-and goes into the build record (turnopd_build.json, "transcription").
+on the answer tokens only), plus the cell reader's per-cell loss. Its quality is measured on
+held-out test-split pages before and after (and the cells read, right screen against another
+page's), and goes into the build record (turnopd_build.json, "transcription").
 
 Everything is seeded: the same options give the same weights on one machine and install.
 """
@@ -76,15 +86,17 @@ HF_VISION_PREFIX, VLLM_VISION_PREFIX = "vision_tower.", "vision_tower.vision_mod
 # ---- the model ------------------------------------------------------------------------------------
 
 def build_image_processor(num_channels: int = 3) -> SiglipImageProcessorPil:
-    """A screen goes in unchanged in size (no resize, no crop); pixels x = v / 255 then (x - 0.5) / 0.5,
-    i.e. white 255 -> 1.0 and black 0 -> -1.0. The PIL backend: torchvision is not installed (nor in
-    the vLLM venv)."""
+    """A screen goes in unchanged in size (no resize, no crop); pixels x = v / 255 then x - 1, i.e.
+    white 255 -> 0.0 and black 0 -> -1.0: a blank cell is 0, so a patch's embedding is the sum of its
+    ink alone (centred at grey, as before, every patch of a mostly white page shared one large
+    vector and the glyphs were ~2% of it). The PIL backend: torchvision is not installed (nor in the
+    vLLM venv)."""
     from transformers import SiglipImageProcessorPil
 
     return SiglipImageProcessorPil(
         do_resize=False, size={"height": SCREEN_PIXELS, "width": SCREEN_PIXELS},
         do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
-        image_mean=[0.5] * num_channels, image_std=[0.5] * num_channels,
+        image_mean=[1.0] * num_channels, image_std=[1.0] * num_channels,
         do_convert_rgb=num_channels == 3,  # one channel: a grayscale "L" image stays one channel
     )
 
@@ -99,8 +111,8 @@ def new_tiny_vlm(
     num_heads: int = 2,
     intermediate_size: int | None = None,
     max_position_embeddings: int = 4096,
-    vision_hidden_size: int = 128,
-    vision_layers: int = 2,
+    vision_hidden_size: int = 512,
+    vision_layers: int = 1,
     vision_heads: int = 2,
     vision_intermediate_size: int | None = None,
     patch_size: int = PATCH_SIZE,
@@ -121,8 +133,7 @@ def new_tiny_vlm(
         raise ValueError(f"patch_size {patch_size} does not divide the screen's {SCREEN_PIXELS} pixels")
     if num_channels not in (1, 3):
         raise ValueError(f"num_channels must be 1 (grayscale) or 3 (replicated RGB), not {num_channels}")
-    # tiny.build_tokenizer's byte-level BPE with the image placeholder: a text teacher built with
-    # image_token=True on the same texts has the same vocabulary
+    # tiny's byte-level BPE with the image placeholder: a text teacher built with image_token has it too
     tok = build_tokenizer(texts, vocab_size=vocab_size, model_max_length=max_position_embeddings, image_token=True)
     language = text_config(tok, arch=arch, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
                            num_kv_heads=num_heads, intermediate_size=intermediate_size or 4 * hidden_size,
@@ -143,12 +154,41 @@ def new_tiny_vlm(
     with torch.random.fork_rng(devices=[]):  # seed the init without touching the caller's RNG
         torch.manual_seed(seed)
         model = LlavaForConditionalGeneration(config)
+        init_cell_patches(model.model.vision_tower.embeddings.patch_embedding)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     processor = LlavaProcessor(image_processor=build_image_processor(num_channels), tokenizer=tok,
                                patch_size=patch_size, vision_feature_select_strategy="full",
                                chat_template=tok.chat_template, image_token=IMAGE_TOKEN)
     return model, processor
+
+
+def init_cell_patches(patch_embedding: torch.nn.Conv2d) -> None:
+    """Start the patch embedding as one encoder of a 6 x 12 pixel character cell shared by every cell
+    of the patch: its output channels in one group per cell (patch 24: 8 groups of hidden / 8), each
+    group the same random filters over its own cell's pixels and zero over the others. SigLIP's
+    patches are square, so a patch cannot be one cell; this makes it start as the patch's cells side
+    by side, each read by the same filters (a glyph is learnt once, not once per place in the
+    patch), and training is free to change it. Random 72-pixel -> hidden / 8 projections keep the
+    font's glyphs apart; their scale gives a glyph's ~15 dark pixels about one unit a channel, so a
+    patch's text outweighs the position embedding it is added to (norm ~1): at SigLIP's default
+    scale the glyphs were ~0.17 of it and the image tokens of a page nearly one vector."""
+    from envs.webshop.screenshot import CELL_H, CELL_W
+
+    hidden, channels, size, _ = patch_embedding.weight.shape
+    tall, wide = size // CELL_H, size // CELL_W
+    if size % CELL_H or size % CELL_W or hidden % (tall * wide):
+        raise ValueError(f"patch {size} with vision hidden {hidden}: the patch must be whole cells "
+                         f"({CELL_W} x {CELL_H} px) and the hidden size a multiple of its {tall * wide} cells")
+    group = hidden // (tall * wide)
+    bank = torch.randn(group, channels, CELL_H, CELL_W) / math.sqrt(channels * CELL_H)
+    weight = torch.zeros_like(patch_embedding.weight)
+    for cell in range(tall * wide):
+        row, col = divmod(cell, wide)
+        weight[cell * group:(cell + 1) * group, :, row * CELL_H:(row + 1) * CELL_H, col * CELL_W:(col + 1) * CELL_W] = bank
+    with torch.no_grad():
+        patch_embedding.weight.copy_(weight)
+        patch_embedding.bias.zero_()
 
 
 def save_vlm(model: LlavaForConditionalGeneration, processor: LlavaProcessor, folder: Path) -> None:
@@ -245,6 +285,83 @@ def spread(items: Sequence[Any], n: int) -> list[Any]:
     return [items[i * len(items) // n] for i in range(n)]
 
 
+# ---- reading: the characters under each patch -----------------------------------------------------
+
+CELL_CLASSES = 256  # a cell's character as the renderer draws it: a Latin-1 code (a blank cell: a space)
+
+
+def cell_grid(text: str, rows: int = 48, cols: int = 96) -> torch.Tensor:
+    """The character in every cell of the screen that shows `text` ("\\n"-joined lines, as PageShot):
+    line r in row r from column 0, as envs.webshop.screenshot.draw_lines draws it; [rows, cols] codes."""
+    grid = torch.full((rows, cols), ord(" "))
+    for row, line in enumerate(text.split("\n")[:rows]):
+        codes = line.encode("latin-1", "replace")[:cols]
+        grid[row, : len(codes)] = torch.tensor(list(codes), dtype=torch.long)
+    return grid
+
+
+def patch_cells(grid: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """[rows, cols] cells -> [patches, cells per patch]: the tower's patches in its row-major order,
+    each patch's cells row-major (patch 24: 2 rows x 4 columns of 6 x 12 pixel cells)."""
+    from envs.webshop.screenshot import CELL_H, CELL_W
+
+    tall, wide = patch_size // CELL_H, patch_size // CELL_W
+    rows, cols = grid.shape
+    blocks = grid.view(rows // tall, tall, cols // wide, wide).permute(0, 2, 1, 3)
+    return blocks.reshape((rows // tall) * (cols // wide), tall * wide)
+
+
+class CellReader(torch.nn.Module):
+    """A linear read-out of every cell's character from the vision tower's patch features (what the
+    projector turns into the image tokens): trained beside the transcription loss, it makes each
+    patch feature carry its cells' characters, so reading is a per-cell classification; the student
+    is saved without it (LLaVA has no place for it, and generation never uses it)."""
+
+    def __init__(self, hidden_size: int, cells_per_patch: int):
+        super().__init__()
+        self.cells_per_patch = cells_per_patch
+        self.linear = torch.nn.Linear(hidden_size, cells_per_patch * CELL_CLASSES)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """[n, patches, hidden] -> logits [n, patches, cells per patch, CELL_CLASSES]."""
+        return self.linear(features).unflatten(-1, (self.cells_per_patch, CELL_CLASSES))
+
+
+def cell_reader_for(model: LlavaForConditionalGeneration) -> CellReader:
+    """A fresh CellReader for the model's patch features (its vision hidden size, its patch's cells)."""
+    from envs.webshop.screenshot import CELL_H, CELL_W
+
+    vision = model.config.vision_config
+    return CellReader(vision.hidden_size, (vision.patch_size // CELL_W) * (vision.patch_size // CELL_H))
+
+
+def patch_features(model: LlavaForConditionalGeneration, pixel_values: torch.Tensor) -> torch.Tensor:
+    """The vision tower's last-layer patch features, what the projector takes (vision_feature_layer
+    -1, strategy "full"): [n, patches, vision hidden]."""
+    return model.model.vision_tower(pixel_values, output_hidden_states=True).hidden_states[-1]
+
+
+def cell_labels(pages: Sequence[PageShot], patch_size: int) -> torch.Tensor:
+    """The pages' cells under each patch: [n, patches, cells per patch] codes."""
+    return torch.stack([patch_cells(cell_grid(page.text), patch_size) for page in pages])
+
+
+@torch.no_grad()
+def cell_accuracy(model: LlavaForConditionalGeneration, reader: CellReader, processor: LlavaProcessor,
+                  pages: Sequence[PageShot]) -> float:
+    """The fraction of the pages' text characters (non-blank cells) the reader gets right from the
+    patch features of `pages`' pixels (blank cells, most of a screen, would make any reader look good)."""
+    model.eval()
+    hits = total = 0
+    for page in pages:
+        logits = reader(patch_features(model, screen_pixel_values([page.pixels], processor)))
+        labels = cell_labels([page], model.config.vision_config.patch_size)
+        text = labels != ord(" ")
+        hits += int((logits.argmax(-1)[text] == labels[text]).sum())
+        total += int(text.sum())
+    return hits / max(1, total)
+
+
 # ---- transcription: batches, loss, quality ----------------------------------------------------------
 
 def transcription_batch(pages: Sequence[PageShot], processor: LlavaProcessor,
@@ -320,14 +437,52 @@ def transcription_quality(model: LlavaForConditionalGeneration, processor: Llava
     return quality
 
 
+def reading_loss(model: LlavaForConditionalGeneration, reader: CellReader, batch: dict[str, torch.Tensor],
+                 cells: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The transcription loss and the reader's per-cell loss from one forward (the patch features
+    are caught as they enter the projector). The per-cell loss is the mean cross-entropy over the cells
+    with a character plus that over the blank ones: blanks are ~90% of a screen, and in one mean
+    a reader learns "blank" everywhere first and reads no character for many steps."""
+    caught: list[torch.Tensor] = []
+    hook = model.model.multi_modal_projector.register_forward_hook(lambda _m, args, _out: caught.append(args[0]))
+    try:
+        loss = model(**batch).loss
+    finally:
+        hook.remove()
+    per_cell = torch.nn.functional.cross_entropy(reader(caught[0]).reshape(-1, CELL_CLASSES), cells.reshape(-1),
+                                                 reduction="none")
+    blank = cells.reshape(-1) == ord(" ")
+    return loss, sum((per_cell[part].mean() for part in (blank, ~blank) if part.any()), torch.zeros(()))
+
+
+def swapped_screens(pages: Sequence[PageShot]) -> list[PageShot]:
+    """Each page's text under another page's screen (page i shown screen i + 1): what a model scores
+    from the language prior alone; the gap to the right screens is what it reads off the screen."""
+    return [PageShot(pages[(i + 1) % len(pages)].pixels, page.text) for i, page in enumerate(pages)]
+
+
+def reading_test(model: LlavaForConditionalGeneration, processor: LlavaProcessor, reader: CellReader,
+                 pages: Sequence[PageShot]) -> dict[str, float]:
+    """The test of reading on held-out pages, each with its own screen and with another page's
+    (swapped_screens): the language model's teacher-forced token accuracy, and the characters the
+    reader gets right from the tower's patch features (cell_accuracy)."""
+    swapped = swapped_screens(pages)
+    return {"token_accuracy": token_accuracy(model, processor, pages),
+            "token_accuracy_swapped": token_accuracy(model, processor, swapped),
+            "cell_accuracy": cell_accuracy(model, reader, processor, pages),
+            "cell_accuracy_swapped": cell_accuracy(model, reader, processor, swapped)}
+
+
 def train_transcription(model: LlavaForConditionalGeneration, processor: LlavaProcessor,
                         pages: Sequence[PageShot], *, steps: int, batch_size: int, lr: float,
-                        seed: int = 0, log_every: int = 0) -> list[float]:
+                        reader: CellReader | None = None, seed: int = 0, log_every: int = 0) -> list[float]:
     """`steps` AdamW steps (cosine decay from lr to 0 after a 10% warm-up) on batches of
-    `batch_size` pages drawn in seeded shuffled passes over `pages`; returns each step's loss."""
+    `batch_size` pages drawn in seeded shuffled passes over `pages`; returns each step's
+    transcription loss. With a `reader`, its per-cell loss (reading_loss) is added and it trains too."""
     order: list[int] = []
     rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    params = [*model.parameters(), *(reader.parameters() if reader is not None else [])]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     warmup = max(1, steps // 10)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(
         (s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(1, steps))))))
@@ -336,16 +491,21 @@ def train_transcription(model: LlavaForConditionalGeneration, processor: LlavaPr
     for step in range(steps):
         while len(order) < batch_size:  # next shuffled pass
             order += rng.sample(range(len(pages)), len(pages))
-        chosen, order = order[:batch_size], order[batch_size:]
-        loss = transcription_loss(model, transcription_batch([pages[i] for i in chosen], processor, model.config))
+        chosen, order = [pages[i] for i in order[:batch_size]], order[batch_size:]
+        batch = transcription_batch(chosen, processor, model.config)
+        if reader is None:
+            loss = cell_loss = transcription_loss(model, batch)
+        else:
+            loss, cell_loss = reading_loss(model, reader, batch, cell_labels(chosen, model.config.vision_config.patch_size))
         optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        (loss if reader is None else loss + cell_loss).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         scheduler.step()
         losses.append(loss.item())
         if log_every and (step + 1) % log_every == 0:
-            print(f"transcription step {step + 1}/{steps}: loss {loss.item():.3f}", flush=True)
+            print(f"transcription step {step + 1}/{steps}: loss {loss.item():.3f}, cells {cell_loss.item():.3f}",
+                  flush=True)
     model.eval()
     return losses
 
@@ -378,20 +538,20 @@ def prepare_tiny_vlm(out_dir: Path, *, env: str | dict[str, Any] = "webshop", da
     before = transcription_quality(model, processor, held_out)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
+        reader = cell_reader_for(model)
         train_start = time.perf_counter()
         losses = train_transcription(model, processor, train_pages, steps=transcription_steps,
-                                     batch_size=batch_size, lr=lr, seed=seed, log_every=25)
+                                     batch_size=batch_size, lr=lr, reader=reader, seed=seed, log_every=25)
         train_seconds = time.perf_counter() - train_start
     after = transcription_quality(model, processor, held_out)
-    # The same answers under another page's screen (page i shown screen i + 1): what the model gets
-    # from the language prior alone; the gap to `after` is what it reads off the screen.
-    swapped = [PageShot(held_out[(i + 1) % len(held_out)].pixels, page.text) for i, page in enumerate(held_out)]
-    prior = transcription_quality(model, processor, swapped, greedy=False)
+    prior = transcription_quality(model, processor, swapped_screens(held_out), greedy=False)
     transcription = {
         "train_pages": len(train_pages), "held_out_pages": len(held_out), "steps": transcription_steps,
         "batch_size": batch_size, "lr": lr, "first_loss": losses[0] if losses else None,
         "last_loss": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
         "before": before, "after": after, "after_swapped_screens": prior, "train_seconds": round(train_seconds, 1),
+        "cell_accuracy": cell_accuracy(model, reader, processor, held_out),
+        "cell_accuracy_swapped_screens": cell_accuracy(model, reader, processor, swapped_screens(held_out)),
     }
     info = {"builder": "tiny_vlm", "options": size, **corpus_source(texts), "parameters": model.num_parameters(),
             "image_tokens_per_screen": image_tokens_of(model.config), "transcription": transcription}
@@ -400,7 +560,8 @@ def prepare_tiny_vlm(out_dir: Path, *, env: str | dict[str, Any] = "webshop", da
     print(f"tiny_vlm: {model.num_parameters() / 1e6:.2f}M parameters, {len(train_pages)} train pages; transcription "
           f"of {len(held_out)} held-out pages: token accuracy {before['token_accuracy']:.3f} -> "
           f"{after['token_accuracy']:.3f}, character accuracy {before['char_accuracy']:.3f} -> "
-          f"{after['char_accuracy']:.3f}; token accuracy under swapped screens {prior['token_accuracy']:.3f} "
+          f"{after['char_accuracy']:.3f}; token accuracy under swapped screens {prior['token_accuracy']:.3f}; "
+          f"cells read {transcription['cell_accuracy']:.3f} (swapped {transcription['cell_accuracy_swapped_screens']:.3f}) "
           f"({transcription_steps} steps, {train_seconds:.0f} s; "
           f"{time.perf_counter() - start:.0f} s in all)", flush=True)
     return Path(out_dir)

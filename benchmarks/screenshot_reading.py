@@ -1,0 +1,83 @@
+"""Does the VLM student read the screen? The test of reading on held-out WebShop pages: each page
+with its own screenshot against the same page with another page's (the gap is the reading).
+
+    OMP_NUM_THREADS=2 python benchmarks/screenshot_reading.py                 # the recipe's VLM shape, 100 steps
+    python benchmarks/screenshot_reading.py --steps 100 --pages 16 --seeds 0
+
+Per seed: a fresh `tiny_vlm` (turnopd.models.vlm.new_tiny_vlm, the shape of
+recipes/webshop/screenshot_student_sft.yaml's build: text hidden 128 x 3 layers, the default SigLIP
+tower, hidden 512 x 1 layer, patch 24 = 2 rows x 4 columns of character cells, 576 image tokens a
+page) trains its transcription stage with the cell reader (vlm.train_transcription: transcription
+loss plus each patch's 8 cells' characters) on the distinct expert pages of 100 train-split episodes, then
+vlm.reading_test on --pages test-split pages spread over the distinct pages of 20 test episodes
+(none seen in training): the characters the reader gets right from the tower's patch features
+(what the projector turns into the image tokens), and the language model's teacher-forced transcription token accuracy, right screen
+against swapped. Summaries are medians over the held-out pages with their range (per-page values in
+the samples); saved to benchmarks/results/screenshot_reading.json (docs/screenshots.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from record import Summary, save_result
+
+from turnopd.models import vlm
+from turnopd.models.env_text import env_corpus
+
+SIZE = {"hidden_size": 128, "num_layers": 3, "num_heads": 4, "max_position_embeddings": 4096}  # the tower: defaults
+
+
+def per_page(model, processor, reader, pages: list[vlm.PageShot]) -> list[dict[str, float]]:
+    """vlm.reading_test of each page alone (its swapped screen: the next page's)."""
+    swapped = vlm.swapped_screens(pages)
+    return [{"cell_accuracy": vlm.cell_accuracy(model, reader, processor, [page]),
+             "cell_accuracy_swapped": vlm.cell_accuracy(model, reader, processor, [other]),
+             "token_accuracy": vlm.token_accuracy(model, processor, [page]),
+             "token_accuracy_swapped": vlm.token_accuracy(model, processor, [other])}
+            for page, other in zip(pages, swapped, strict=True)]
+
+
+def run(seed: int, steps: int, pages: int) -> dict:
+    texts = env_corpus({"name": "webshop", "history_length": 1, "max_turns": 10}, None, 100)
+    model, processor = vlm.new_tiny_vlm(texts, seed=seed, **SIZE)
+    train = vlm.play_pages("train", 100, seed=seed)
+    held_out = vlm.spread(vlm.play_pages("test", 20, seed=seed), pages)
+    assert not {p.text for p in train} & {p.text for p in held_out}, "a held-out page was trained on"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        reader = vlm.cell_reader_for(model)
+        start = time.perf_counter()
+        losses = vlm.train_transcription(model, processor, train, steps=steps, batch_size=4, lr=3e-3,
+                                         reader=reader, seed=seed, log_every=10)
+        seconds = time.perf_counter() - start
+    rows = per_page(model, processor, reader, held_out)
+    print(f"seed {seed}: {len(train)} train pages, {steps} steps in {seconds:.0f} s; held-out means: "
+          + ", ".join(f"{k} {sum(r[k] for r in rows) / len(rows):.3f}" for k in rows[0]), flush=True)
+    return {"seed": seed, "train_pages": len(train), "held_out_pages": len(held_out), "steps": steps,
+            "train_seconds": round(seconds, 1), "last_loss": sum(losses[-10:]) / len(losses[-10:]),
+            "parameters": model.num_parameters(), "pages": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--pages", type=int, default=16)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    args = parser.parse_args()
+    samples = [run(seed, args.steps, args.pages) for seed in args.seeds]
+    rows = [row for sample in samples for row in sample["pages"]]
+    labels = {"cell_accuracy": "characters read from the patch features, right screen",
+              "cell_accuracy_swapped": "characters read from the patch features, another page's screen",
+              "token_accuracy": "transcription token accuracy (teacher-forced), right screen",
+              "token_accuracy_swapped": "transcription token accuracy (teacher-forced), another page's screen"}
+    summaries = [Summary.of(label, [row[key] for row in rows], "fraction") for key, label in labels.items()]
+    summaries.append(Summary.of("training seconds", [s["train_seconds"] for s in samples], "s"))
+    save_result("screenshot_reading", f"reading held-out WebShop screenshots: right vs another page's screen "
+                f"({len(rows)} held-out page readings)", summaries, samples)
+
+
+if __name__ == "__main__":
+    main()
