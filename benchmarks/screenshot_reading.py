@@ -5,8 +5,8 @@ with its own screenshot against the same page with another page's (the gap is th
     python benchmarks/screenshot_reading.py --steps 100 --pages 16 --seeds 0
 
 Per seed: a fresh `tiny_vlm` (turnopd.models.vlm.new_tiny_vlm, the shape of
-recipes/webshop/screenshot_student_sft.yaml's build: text hidden 128 x 3 layers, the default SigLIP
-tower, hidden 512 x 1 layer, patch 24 = 2 rows x 4 columns of character cells, 576 image tokens a
+recipes/webshop/screenshot_student_sft.yaml's build: text hidden 128 x 3 layers, a SigLIP tower of
+hidden 512 x 1 layer (the default build's is 128), patch 24 = 2 rows x 4 columns of character cells, 576 image tokens a
 page) trains its transcription stage with the cell reader (vlm.train_transcription: transcription
 loss plus each patch's 8 cells' characters) on the distinct expert pages of 100 train-split episodes, then
 vlm.reading_test on --pages test-split pages spread over the distinct pages of 20 test episodes
@@ -27,7 +27,8 @@ from record import Summary, save_result
 from turnopd.models import vlm
 from turnopd.models.env_text import env_corpus
 
-SIZE = {"hidden_size": 128, "num_layers": 3, "num_heads": 4, "max_position_embeddings": 4096}  # the tower: defaults
+SIZE = {"hidden_size": 128, "num_layers": 3, "num_heads": 4, "max_position_embeddings": 4096,
+        "vision_hidden_size": 512}  # the tower: hidden 512 (the default build keeps 128), the rest its defaults
 
 
 def per_page(model, processor, reader, pages: list[vlm.PageShot]) -> list[dict[str, float]]:

@@ -22,8 +22,9 @@ per-cell classification outright, but SigLIP's patches are square (one `patch_si
 image tokens are far too many for the tiny language model; so the patch is 8 cells side by side:
 
 Reading (docs/screenshots.md): the patch embedding starts as one 6 x 12 cell encoder shared by the
-patch's 8 cells (init_cell_patches), the tower is wide (hidden 512: 64 channels a cell; at 16 a
-cell a linear read-out of the characters learnt several times slower), the pixels are 0 where the screen
+patch's 8 cells (init_cell_patches), the reading measurement's tower is wide (hidden 512: 64 channels
+a cell; at 16 a cell a linear read-out of the characters learnt several times slower; the default
+build keeps 128, its 300-step preparation minutes, until the language model reads), the pixels are 0 where the screen
 is white (build_image_processor), and the transcription stage trains a CellReader beside the
 transcription loss: every cell's character read linearly from its patch's feature, so that reading
 is a per-cell classification and the patch features carry the page.
@@ -111,7 +112,7 @@ def new_tiny_vlm(
     num_heads: int = 2,
     intermediate_size: int | None = None,
     max_position_embeddings: int = 4096,
-    vision_hidden_size: int = 512,
+    vision_hidden_size: int = 128,
     vision_layers: int = 1,
     vision_heads: int = 2,
     vision_intermediate_size: int | None = None,
