@@ -220,7 +220,7 @@ def test_the_default_transcription_stage_raises_held_out_accuracy(tmp_path: Path
 def test_a_small_vlm_reads_held_out_pages_and_not_another_page_s_screen() -> None:
     """The reading test (vlm.reading_test) at the smallest size that still reads: a text model of
     hidden 64 x 1 layer (the transcription loss trains beside the reader, as in the preparation) and
-    the default tower (512 hidden: 64 a cell of its patch's 8), 30 steps of 4 pages on the distinct
+    the reading measurement's tower (512 hidden: 64 a cell of its patch's 8), 30 steps of 4 pages on the distinct
     pages of 20 train-split expert episodes; 4 held-out test-split pages, each with its own screen
     and with another's. Its cells are read far above the swapped screens' (where a cell is right
     only by chance); the language model's own transcription is not asked to read yet
@@ -229,7 +229,7 @@ def test_a_small_vlm_reads_held_out_pages_and_not_another_page_s_screen() -> Non
     held_out = vlm.spread(vlm.play_pages("test", 8), 4)
     assert not {p.text for p in train} & {p.text for p in held_out}
     model, processor = vlm.new_tiny_vlm([p.text for p in train], seed=0, hidden_size=64, num_layers=1, num_heads=1,
-                                        vocab_size=1024, max_position_embeddings=2048)
+                                        vocab_size=1024, max_position_embeddings=2048, vision_hidden_size=512)
     reader = vlm.cell_reader_for(model)
     torch.manual_seed(0)
     vlm.train_transcription(model, processor, train, steps=30, batch_size=4, lr=3e-3, reader=reader, seed=0)
