@@ -69,7 +69,11 @@ class LocalServer:
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
-            self.process.wait(timeout=10)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # a server still importing may not heed SIGTERM yet
+                self.process.kill()
+                self.process.wait()
 
 
 class Session:

@@ -34,7 +34,8 @@ def echo_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def config(**options) -> EnvConfig:
-    return EnvConfig(name="openenv", options={"train_tasks": 2, "test_tasks": 1, **options})
+    # a server's start imports openenv-core's stack (fastapi, fastmcp...): tens of seconds on 2 busy cores
+    return EnvConfig(name="openenv", options={"train_tasks": 2, "test_tasks": 1, "timeout_s": 120, **options})
 
 
 def test_episodes_through_the_pool_on_a_server_the_adapter_starts(echo_env: Path) -> None:
