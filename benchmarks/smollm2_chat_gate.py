@@ -6,6 +6,11 @@ each game's outcome for both, so the lead's interval is paired by game.
 
     # in the vLLM install (README); the conversations of 50 games need more than vLLM's default 1 GiB of KV cache
     VLLM_CPU_KVCACHE_SPACE=8 python benchmarks/smollm2_chat_gate.py STUDENT_DIR TEACHER_DIR
+
+Cost: its first run (2026-12-06, 2 cores shared with a test suite) had not finished the teacher's
+50 games after 45 min. On CPU, decoding at batch 50 over conversations of several thousand tokens
+reads the whole KV cache (float32: ~46 KB a token for SmolLM2-135M) at every generated token, so it
+is memory-bound; a quiet machine, or a GPU, is where it belongs.
 writes benchmarks/results/smollm2_chat/gate.json (and prints the table).
 """
 
@@ -19,6 +24,7 @@ from pathlib import Path
 from envs import make_env_spec
 from envs.pool import EnvPool
 from turnopd.analysis.frontier import t_interval
+from turnopd.core.progress import EpisodeProgress
 from turnopd.orchestration.preflight import train_and_eval_tasks
 from turnopd.orchestration.recipe import load_recipe
 from turnopd.rollout import make_policy
@@ -34,9 +40,9 @@ def play(cfg, spec, model_dir: str, tasks: list[str], split: str) -> dict:
     start = time.perf_counter()
     policy = make_policy(cfg.policy, model_dir, dtype="float32", seed=cfg.seed)
     try:
-        with EnvPool.for_config(spec, cfg.env) as pool:
+        with EnvPool.for_config(spec, cfg.env) as pool, EpisodeProgress(f"gate {model_dir}", len(tasks)) as progress:
             result = evaluate(spec, pool, policy, tasks, split=split, env_config=cfg.env, policy_config=cfg.policy,
-                              k=1, seed=cfg.seed, prompt=cfg.prompt)
+                              k=1, seed=cfg.seed, prompt=cfg.prompt, on_episode=progress.episode_done)
     finally:
         policy.close()
     turns = [turn for t in result.trajectories for turn in t.turns]
