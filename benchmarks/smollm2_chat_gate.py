@@ -22,13 +22,10 @@ import time
 from pathlib import Path
 
 from envs import make_env_spec
-from envs.pool import EnvPool
 from turnopd.analysis.frontier import t_interval
-from turnopd.core.progress import EpisodeProgress
 from turnopd.orchestration.preflight import train_and_eval_tasks
 from turnopd.orchestration.recipe import load_recipe
-from turnopd.rollout import make_policy
-from turnopd.rollout.eval import evaluate
+from turnopd.orchestration.sft import evaluate_sft_model
 
 RECIPE = "recipes/alfworld/smollm2_chat.yaml"
 GATE_POINTS = 20.0
@@ -36,15 +33,10 @@ OUT = Path("benchmarks/results/smollm2_chat/gate.json")
 
 
 def play(cfg, spec, model_dir: str, tasks: list[str], split: str) -> dict:
-    """One model's greedy episodes on `tasks`: per-game success, turns and invalid actions."""
+    """One model's greedy episodes on `tasks` (the SFT evaluation's own code): per-game success,
+    turns and invalid actions."""
     start = time.perf_counter()
-    policy = make_policy(cfg.policy, model_dir, dtype="float32", seed=cfg.seed)
-    try:
-        with EnvPool.for_config(spec, cfg.env) as pool, EpisodeProgress(f"gate {model_dir}", len(tasks)) as progress:
-            result = evaluate(spec, pool, policy, tasks, split=split, env_config=cfg.env, policy_config=cfg.policy,
-                              k=1, seed=cfg.seed, prompt=cfg.prompt, on_episode=progress.episode_done)
-    finally:
-        policy.close()
+    result = evaluate_sft_model(cfg, spec, Path(model_dir), "float32", tasks, split)
     turns = [turn for t in result.trajectories for turn in t.turns]
     return {"model": model_dir, "success": result.avg_at_k, "per_task": result.per_task,
             "mean_turns": result.mean_turns, "invalid_rate": sum(t.invalid for t in turns) / max(1, len(turns)),

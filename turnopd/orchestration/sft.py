@@ -60,7 +60,7 @@ from turnopd.config import (
     compose,
 )
 from turnopd.core.data import REPO_ROOT
-from turnopd.core.progress import progress_bar
+from turnopd.core.progress import EpisodeProgress, progress_bar
 from turnopd.core.types import Trajectory, Turn, build_token_batch
 from turnopd.loaders.hf_models import (
     image_tokens_of,
@@ -366,13 +366,16 @@ def training_examples(cfg: SFTConfig, spec: EnvSpec, demos: list[Demonstration],
 
 def evaluate_sft_model(cfg: SFTConfig, spec: EnvSpec, output: Path, dtype: str, eval_tasks: list[str],
                        eval_split: str) -> EvalResult:
-    """The fine-tuned model's greedy Avg@1 on the held-out tasks (episodes the env ended count as lost)."""
+    """The fine-tuned model's greedy Avg@1 on the held-out tasks (episodes the env ended count as lost),
+    with a progress line (rate and ETA). `cfg`: any recipe with env, policy, prompt and seed."""
     policy = make_policy(cfg.policy, str(output), dtype=dtype, seed=cfg.seed)
     attach_screens(spec, output, policy)
     try:
-        with EnvPool.for_config(spec, cfg.env) as pool:
+        with EnvPool.for_config(spec, cfg.env) as pool, \
+                EpisodeProgress(f"held-out eval {output.name}", len(eval_tasks)) as progress:
             result = evaluate(spec, pool, policy, eval_tasks, split=eval_split, env_config=cfg.env,
-                              policy_config=cfg.policy, k=1, seed=cfg.seed, prompt=cfg.prompt)
+                              policy_config=cfg.policy, k=1, seed=cfg.seed, prompt=cfg.prompt,
+                              on_episode=progress.episode_done)
     finally:
         policy.close()
     if result.env_failures:
