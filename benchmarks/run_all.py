@@ -60,6 +60,8 @@ BENCHMARKS = [
                                                                  "--action-len", "8"]),
     Benchmark("familiarity_overhead", "main", ["benchmarks/familiarity_overhead.py"],
               ["--trajectories", "2", "--turns", "2"], needs=("runs/teachers/alfworld", STUDENT)),
+    Benchmark("cross_tokenizer_cost", "main", ["benchmarks/cross_tokenizer_cost.py"], ["--steps", "1"],
+              needs=("runs/teachers/alfworld-smollm2-chat", STUDENT)),
     Benchmark("generation_batching", "main", ["benchmarks/generation_batching.py"], ["--prompts", "4"],
               needs=("runs/teachers/webshop",)),
     Benchmark("pipeline_overlap", "main", ["benchmarks/pipeline_overlap.py"],
