@@ -6,6 +6,9 @@ each game's outcome for both, so the lead's interval is paired by game.
 
     # in the vLLM install (README); the conversations of 50 games need more than vLLM's default 1 GiB of KV cache
     VLLM_CPU_KVCACHE_SPACE=8 python benchmarks/smollm2_chat_gate.py STUDENT_DIR TEACHER_DIR
+    # one model on the first 10 games (no lead): teacher_10_games.json
+    VLLM_CPU_KVCACHE_SPACE=4 python benchmarks/smollm2_chat_gate.py STUDENT_DIR TEACHER_DIR --only teacher \
+        eval.max_tasks=10 policy.max_batch_size=10
 
 Cost: its first run (2026-12-06, 2 cores shared with a test suite) had not finished the teacher's
 50 games after 45 min. On CPU, decoding at batch 50 over conversations of several thousand tokens
@@ -59,6 +62,8 @@ def main() -> None:
     parser.add_argument("student")
     parser.add_argument("teacher")
     parser.add_argument("overrides", nargs="*", help="recipe overrides (e.g. eval.max_tasks=2 for a smoke run)")
+    parser.add_argument("--only", choices=("teacher", "student"),
+                        help="play one model only (no lead): writes <role>_<games>_games.json beside gate.json")
     args = parser.parse_args()
     cfg = load_recipe(RECIPE, ["policy.backend=vllm", "policy.max_batch_size=50", *args.overrides])
     spec = make_env_spec(cfg.env, cfg.data_dir)
@@ -66,17 +71,23 @@ def main() -> None:
                                               max_eval_tasks=cfg.eval.max_tasks)
     print(f"gate: {len(tasks)} {split} games, greedy, {cfg.env.max_turns} turns, prompt.style={cfg.prompt.style}",
           flush=True)
+    OUT.parent.mkdir(parents=True, exist_ok=True)
     played = {}
-    for role in ("teacher", "student"):
+    for role in (args.only,) if args.only else ("teacher", "student"):
         played[role] = play(cfg, spec, getattr(args, role), tasks, split)
         print(f"{role}: {100 * played[role]['success']:.1f}% ({played[role]['mean_turns']:.1f} turns, "
               f"{100 * played[role]['invalid_rate']:.1f}% invalid actions, {played[role]['seconds']:.0f} s)", flush=True)
+    if args.only:
+        out = OUT.with_name(f"{args.only}_{len(tasks)}_games.json")
+        out.write_text(json.dumps({"recipe": RECIPE, "split": split, "max_turns": cfg.env.max_turns, **played}, indent=1)
+                       + "\n")
+        print(f"wrote {out}")
+        return
     lead = paired_lead(played["teacher"], played["student"])
     lo, hi = lead["interval"]
     print(f"lead: {lead['lead_points']:+.1f} points [{lo:+.1f}, {hi:+.1f}] over {lead['games']} games "
           f"(teacher alone won {lead['teacher_only']}, student alone {lead['student_only']}); gate "
           f">= {GATE_POINTS:.0f}: {'passes' if lead['passes'] else 'FAILS'}")
-    OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps({"recipe": RECIPE, "split": split, "max_turns": cfg.env.max_turns, **played,
                                "lead": lead}, indent=1) + "\n")
     print(f"wrote {OUT}")
