@@ -53,6 +53,18 @@ def test_the_published_page_is_what_the_saved_results_give():
         assert table.row(json.loads(path.read_text())) in page
 
 
+def test_the_cross_tokenizer_page_is_what_its_saved_runs_give():
+    import cross_tokenizer
+
+    result = json.loads((cross_tokenizer.RESULTS / "full.json").read_text())
+    pages = sorted((BENCHMARKS.parent / "docs" / "results").glob("*-cross-tokenizer.md"))
+    assert pages, "no dated cross-tokenizer results page"
+    ratios = json.loads((cross_tokenizer.RESULTS / "log_ratios.json").read_text())
+    page = pages[-1].read_text()
+    for generated in (cross_tokenizer.page_tables(result), cross_tokenizer.ratio_table(ratios)):
+        assert generated in page, "paste python benchmarks/cross_tokenizer.py --page"
+
+
 def test_the_end_to_end_breakdown_puts_each_sides_parts_in_shared_columns():
     import trl_end_to_end as e2e
 
