@@ -29,8 +29,9 @@ from turnopd.analysis.frontier import SavedRun, bootstrap_accuracy, bootstrap_di
 from turnopd.orchestration.recipe import load_recipe
 
 RECIPE = "recipes/alfworld/cross_tokenizer.yaml"
+# k1 in both arms as designed (the recipe itself now uses k3: docs/results/2026-12-06-cross-tokenizer.md)
 COMMON = ["env.eval_split=valid_unseen+valid_seen+valid_train", "eval.teacher=true", "tracking=[]",
-          "checkpoint.every=8"]
+          "checkpoint.every=8", "objective.estimator=k1"]
 # not part of the pre-registered comparison (docs/results/cross-tokenizer-design.md, "Exploratory arm"):
 # seed 0 only, reported apart
 EXPLORATORY = {"smollm2_k3": ["objective.estimator=k3"]}

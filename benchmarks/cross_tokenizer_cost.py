@@ -86,7 +86,7 @@ def main() -> int:
     args = p.parse_args()
     out = Path(tempfile.mkdtemp(prefix="cross_cost_"))
     cfg = dataclasses.replace(load_recipe(RECIPE, [f"trainer.steps={args.steps}", "tracking=[]", "checkpoint.every=0",
-                                                   "eval.max_tasks=1"]),
+                                                   "eval.max_tasks=1", "objective.estimator=k1"]),
                               output_dir=str(out), name="cost")
     at_step_end = instrument()
     distill.run_distillation(cfg)
