@@ -53,10 +53,12 @@ class SearchEnv:
     """One question at a time over the multi-hop corpus and its BM25 index; `f1_rule` is "official"
     (each question's dataset's rule) or "squad"."""
 
-    def __init__(self, data: MultihopData, index: BM25Index, top_k: int, f1_rule: str = "official"):
+    def __init__(self, data: MultihopData, index: BM25Index, top_k: int, f1_rule: str = "official",
+                 passage_chars: int | None = None):
         self.data = data
         self.index = index
         self.top_k = top_k
+        self.passage_chars = passage_chars  # each passage's text cut to its first N characters (None: whole)
         self.f1_rule = check_f1_rule(f1_rule)
         self.question: Question | None = None
         self.done = False
@@ -77,7 +79,7 @@ class SearchEnv:
         name, argument = parsed
         if name == "search":
             hits = [self.data.passages[i] for i in self.index.search(argument, self.top_k)]
-            observation = format_passages([(p.title, p.text) for p in hits]) if hits else NO_RESULTS
+            observation = format_passages([(p.title, p.text[: self.passage_chars]) for p in hits]) if hits else NO_RESULTS
             return StepOutcome(observation=observation, info={"invalid": False, "titles": [p.title for p in hits]})
         self.done = True
         em = exact_match(argument, self.question.answers)

@@ -25,7 +25,7 @@ from envs.search.data import DATASETS, SPLITS, MultihopData, Question, check_fil
 from envs.search.env import MAX_ACTION_CHARS, SearchEnv, check_f1_rule, parse_search_action
 from turnopd.core.data import resolve_data
 
-OPTIONS = {"top_k": 3, "f1_rule": "official"}  # option -> default
+OPTIONS = {"top_k": 3, "f1_rule": "official", "passage_chars": None}  # option -> default
 
 
 def render_default(ctx: PromptContext, top_k: int, max_turns: int) -> str:
@@ -51,7 +51,20 @@ def render_default(ctx: PromptContext, top_k: int, max_turns: int) -> str:
     return "\n".join(lines)
 
 
-TEMPLATES: dict[str, Callable[..., str]] = {"default": render_default}
+def render_compact(ctx: PromptContext, top_k: int, max_turns: int) -> str:
+    """The default's content in a third of its words, for a model of a few hundred positions: the
+    question, the history and the current result, the two actions, the answer format."""
+    lines = [f"Question: {ctx.task}"]
+    if ctx.history:
+        lines.append(history_sentence(ctx.history, ctx.step))
+    if ctx.step > 0:
+        lines.append(f"Result: {ctx.observation}")
+    lines += [f"Step {ctx.step + 1} of {max_turns}. Actions: search[<query>] (top {top_k} passages) or "
+              "answer[<short answer>] (ends the episode).", answer_instruction(ctx.answer_format)]
+    return "\n".join(lines)
+
+
+TEMPLATES: dict[str, Callable[..., str]] = {"default": render_default, "compact": render_compact}
 
 
 @dataclass
@@ -87,7 +100,9 @@ class SearchSpec:
     """Multi-hop QA by search over HotpotQA, 2WikiMultihopQA and MuSiQue (500 questions each; see
     data.py for the corpus and the split). Task types are the dataset names. Options: `top_k`
     (passages per search, default 3) and `f1_rule`, the rule of info["score"]: "official" (default,
-    each dataset's official evaluation) or "squad" (see envs.search.metrics)."""
+    each dataset's official evaluation) or "squad" (see envs.search.metrics); `passage_chars` (default
+    None: whole) cuts each passage's text to its first N characters, so that a small model's context
+    holds a search's result (a 512-position model with a byte-level BPE trained on ALFWorld text)."""
 
     name = "search"
     default_max_turns = 4
@@ -102,6 +117,9 @@ class SearchSpec:
         if not isinstance(self.top_k, int) or self.top_k < 1:
             raise ValueError(f"search option top_k must be a positive integer; got {self.top_k!r}")
         self.f1_rule = check_f1_rule(config.options.get("f1_rule", OPTIONS["f1_rule"]))
+        self.passage_chars = config.options.get("passage_chars", OPTIONS["passage_chars"])
+        if self.passage_chars is not None and (not isinstance(self.passage_chars, int) or self.passage_chars < 1):
+            raise ValueError(f"search option passage_chars must be a positive integer or null; got {self.passage_chars!r}")
         check_known("search task types", config.task_types, DATASETS, key="task_types")
         template = select_template(TEMPLATES, config.template, self.name)
         self.render_template = partial(template, top_k=self.top_k, max_turns=config.max_turns)
@@ -117,7 +135,7 @@ class SearchSpec:
         return task_id.split("/", 1)[0]
 
     def make(self) -> SearchEnv:
-        return SearchEnv(*_engine_parts(self.root), self.top_k, self.f1_rule)
+        return SearchEnv(*_engine_parts(self.root), self.top_k, self.f1_rule, self.passage_chars)
 
     def expert(self, task_id: str) -> Expert:
         return SearchExpert(load_multihop(self.root).questions[task_id], self.config.max_turns)

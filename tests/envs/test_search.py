@@ -179,6 +179,21 @@ def test_top_k_option(spec):
         make_env_spec(config(options={"k": 3}))
 
 
+def test_passage_chars_option_cuts_each_passage_text():
+    whole = make_env_spec(config(options={"top_k": 2})).make()
+    cut = make_env_spec(config(options={"top_k": 2, "passage_chars": 20})).make()
+    for env in (whole, cut):
+        env.reset("hotpotqa/0")
+    full_lines = whole.step("search[comics journal]").observation.split("\n")
+    cut_lines = cut.step("search[comics journal]").observation.split("\n")
+    # each line is "Doc i(Title: t) text": the same title, the text's first 20 characters
+    for full, short in zip(full_lines, cut_lines, strict=True):
+        head, text = full.split(") ", 1)
+        assert len(text) > 20 and short == f"{head}) {text[:20]}"
+    with pytest.raises(ValueError, match="passage_chars must be a positive integer"):
+        make_env_spec(config(options={"passage_chars": 0}))
+
+
 def answer_scores(env, task: str, answer: str) -> tuple[float, float]:
     env.reset(task)
     out = env.step(f"answer[{answer}]")
@@ -256,6 +271,23 @@ def test_prompt(spec):
     assert "You have 2 step(s) left" in later and "<think>" not in later
     with pytest.raises(ValueError, match="unknown prompt template 'fancy'"):
         make_env_spec(config(template="fancy"))
+
+
+def test_compact_prompt():
+    spec = make_env_spec(config(template="compact", options={"top_k": 1}))
+    later = spec.render_prompt(PromptContext(task="Who?", step=2, observation="Doc 1(Title: T) text",
+                                             history=[("Doc 1(Title: A) a", "search[b]")], answer_format="action"))
+    instruction = later.splitlines()[-1]
+    assert later == ("Question: Who?\n"
+                     "Prior to this step, you have already taken 2 step(s). Below are the most recent 1 observations "
+                     "and the corresponding actions you took: [Observation 2: 'Doc 1(Title: A) a', Action 2: 'search[b]']\n"
+                     "Result: Doc 1(Title: T) text\n"
+                     "Step 3 of 4. Actions: search[<query>] (top 1 passages) or answer[<short answer>] (ends the episode).\n"
+                     + instruction)
+    assert "<action>" in instruction
+    first = spec.render_prompt(PromptContext(task="Who?", step=0, observation="Question: Who?", history=[]))
+    assert first.splitlines()[:2] == ["Question: Who?", "Step 1 of 4. Actions: search[<query>] (top 1 passages) or "
+                                      "answer[<short answer>] (ends the episode)."]
 
 
 def test_missing_data_folder_names_where_it_looked(tmp_path, monkeypatch):
