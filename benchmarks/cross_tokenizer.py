@@ -87,40 +87,37 @@ def pct(value: dict[str, float] | None) -> str:
     return f"{100 * value['value']:.1f}% [{100 * value['lo']:.1f}, {100 * value['hi']:.1f}]"
 
 
+def points(value: dict[str, float], unit: str = "pts") -> str:
+    """A difference as the page prints it: +15.3 pts [+4.7, +28.7]."""
+    return f"{100 * value['value']:+.1f} {unit} [{100 * value['lo']:+.1f}, {100 * value['hi']:+.1f}]"
+
+
 def page_tables(result: dict) -> str:
     """The results page's tables (docs/results/*-cross-tokenizer.md), generated from the saved result."""
+    exploratory = result.get("exploratory", {})
+    steps = curve_steps(result)
     rows = ["| arm | teacher (50 games) | student before | after | change (paired by game) |",
             "| --- | --- | --- | --- | --- |"]
-    for arm, r in result["per_arm"].items():
+    for arm, r in [*result["per_arm"].items(), *((f"{a} (exploratory, seed 0 only)", r) for a, r in exploratory.items())]:
         teacher = f"{100 * r['teacher']:.1f}%" if r["teacher"] is not None else "n/a"
-        change = r["change"]
-        rows.append(f"| {arm} | {teacher} | {pct(r['before'])} | {pct(r['after'])} | "
-                    f"{100 * change['value']:+.1f} pts [{100 * change['lo']:+.1f}, {100 * change['hi']:+.1f}] |")
-    for arm, r in result.get("exploratory", {}).items():
-        change = r["change"]
-        rows.append(f"| {arm} (exploratory, seed 0 only) | {100 * r['teacher']:.1f}% | {pct(r['before'])} | "
-                    f"{pct(r['after'])} | {100 * change['value']:+.1f} pts [{100 * change['lo']:+.1f}, "
-                    f"{100 * change['hi']:+.1f}] |")
-    diff = result["smollm2_minus_tiny"]
+        rows.append(f"| {arm} | {teacher} | {pct(r['before'])} | {pct(r['after'])} | {points(r['change'])} |")
     rows += ["", f"smollm2 minus tiny after {result['steps']} steps (paired by game and seed): "
-                 f"**{100 * diff['value']:+.1f} points [{100 * diff['lo']:+.1f}, {100 * diff['hi']:+.1f}]**", "",
-             "| arm | seed | before | " + " | ".join(f"step {s}" for s in curve_steps(result)) +
+                 f"**{points(result['smollm2_minus_tiny'], 'points')}**", "",
+             "| arm | seed | before | " + " | ".join(f"step {s}" for s in steps) +
              " | KL first 4 steps | KL last 4 steps | s per step (median) | tokens scored per step |",
-             "| --- | --- | --- | " + " | ".join("---" for _ in curve_steps(result)) + " | --- | --- | --- | --- |"]
-    shown = {**result["per_arm"], **{f"{arm} (exploratory)": r for arm, r in result.get("exploratory", {}).items()}}
-    for arm, r in shown.items():
-        for seed, s in r["per_seed"].items():
-            curve = " | ".join(f"{100 * s['curve'][str(step)]:.0f}%" if str(step) in s["curve"] else "n/a"
-                               for step in curve_steps(result))
-            rows.append(f"| {arm} | {seed} | {100 * s['before']:.0f}% | {curve} | {s['kl_start']:.3f} | "
-                        f"{s['kl_end']:.3f} | {s['step_time_s_median']:.1f} | {s['tokens_scored_per_step']:.0f} |")
+             "| --- | --- | --- | " + " | ".join("---" for _ in steps) + " | --- | --- | --- | --- |"]
+    seeds = [(arm, seed, s) for arm, r in {**result["per_arm"], **{f"{a} (exploratory)": r for a, r in exploratory.items()}
+                                           }.items() for seed, s in r["per_seed"].items()]
+    for arm, seed, s in seeds:
+        curve = " | ".join(f"{100 * s['curve'][str(step)]:.0f}%" if str(step) in s["curve"] else "n/a" for step in steps)
+        rows.append(f"| {arm} | {seed} | {100 * s['before']:.0f}% | {curve} | {s['kl_start']:.3f} | "
+                    f"{s['kl_end']:.3f} | {s['step_time_s_median']:.1f} | {s['tokens_scored_per_step']:.0f} |")
     rows += ["", "| arm | seed | tokens a turn (first 4 steps -> last 4) | invalid actions | grad norm before clipping "
                  "(median, largest) |", "| --- | --- | --- | --- | --- |"]
-    for arm, r in shown.items():
-        for seed, s in r["per_seed"].items():
-            rows.append(f"| {arm} | {seed} | {s['tokens_per_turn_start']:.1f} -> {s['tokens_per_turn_end']:.1f} | "
-                        f"{100 * s['invalid_start']:.0f}% -> {100 * s['invalid_end']:.0f}% | "
-                        f"{s['grad_norm_median']:.1f}, {s['grad_norm_max']:.1f} |")
+    for arm, seed, s in seeds:
+        rows.append(f"| {arm} | {seed} | {s['tokens_per_turn_start']:.1f} -> {s['tokens_per_turn_end']:.1f} | "
+                    f"{100 * s['invalid_start']:.0f}% -> {100 * s['invalid_end']:.0f}% | "
+                    f"{s['grad_norm_median']:.1f}, {s['grad_norm_max']:.1f} |")
     return "\n".join(rows) + "\n"
 
 
