@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+import turnopd
 from tests.conftest import child_env, loop_models
 from tests.test_faults import fill, small_disk
 from turnopd.config import RecipeError
 from turnopd.core.checkpoint import list_checkpoints
 from turnopd.core.metrics import read_metrics
+from turnopd.core.source import code_fingerprint
 from turnopd.models import weights_fingerprint
 from turnopd.orchestration.distill import run_distillation
 from turnopd.orchestration.pipeline import sample_tasks
@@ -134,6 +136,8 @@ def test_run_records_then_kill_and_resume_continue_exactly(models, uninterrupted
     assert models_used["student"]["weights"] == weights_fingerprint(models / "student") is not None
     teacher_weights = weights_fingerprint(models_used["teacher:alfworld"]["path"])
     assert models_used["teacher:alfworld"]["weights"] == teacher_weights not in (None, models_used["student"]["weights"])
+    # and which build of the code: the package's files as this test reads them (the run's child imports them)
+    assert records[0]["code"] == {"version": turnopd.__version__, "source": code_fingerprint()}
     train = _train_records(run_a)
     assert [r["step"] for r in train] == [1, 2, 3, 4]
     assert [r["probed"] for r in train] == [False, True, False, True]  # warm-up 1, then every 2

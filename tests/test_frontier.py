@@ -35,13 +35,14 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def write_run(root: Path, name: str, *, method: str, seed: int = 0, total_steps: int,
               train: list[tuple[int, float]], evals: list[tuple[int, float, float]],
-              config: dict | None = None, models: dict | None = None, **train_fields) -> Path:
+              config: dict | None = None, models: dict | None = None, code: dict | None = None,
+              **train_fields) -> Path:
     """A run folder: train = [(step, train_time_s)], evals = [(step, train_time_s, avg_at_k)];
-    models: the start record's; train_fields are added to every train record."""
+    models, code: the start record's; train_fields are added to every train record."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
     records = [{"kind": "start", "name": name, "method": method, "seed": seed, "total_steps": total_steps,
-                "resumed_from_step": 0, **({"models": models} if models else {})}]
+                "resumed_from_step": 0, **({"models": models} if models else {}), **({"code": code} if code else {})}]
     records += [{"kind": "train", "step": s, "train_time_s": t, "wall_time_s": t, **train_fields}
                 for s, t in train]
     records += [{"kind": "eval", "step": s, "train_time_s": t, "split": "valid_unseen", "k": 1, "avg_at_k": a,
@@ -307,6 +308,29 @@ def test_runs_of_two_builds_of_one_model_folder_are_named(tmp_path: Path, capsys
     assert main(["frontier", *map(str, dirs), "--md", "--out", str(tmp_path / "f.png")]) == 0
     assert ("WARNING: teacher:alfworld /m/teacher has 2 builds among these runs: t1 in turnopd-s0, turnopd-s1; "
             "t2 in turnopd-s2; differences between those runs mix the builds.") in capsys.readouterr().out
+
+
+def test_runs_of_two_builds_of_the_code_are_named(tmp_path: Path):
+    # s0 and s1 ran code build c1, s2 ran c2 (the library changed between them); the old run has no record
+    codes = {"turnopd-s0": "c1", "turnopd-s1": "c1", "turnopd-s2": "c2", "old": None}
+    dirs = [write_run(tmp_path, name, method="turnopd", seed=i, total_steps=1, train=[(1, 1.0)], evals=[(1, 1.0, 0.5)],
+                      **({"code": {"version": "0.1.0", "source": code}} if code else {}))
+            for i, (name, code) in enumerate(codes.items())]
+    runs = [load_run(d) for d in dirs]
+    assert [run.code for run in runs] == ["c1", "c1", "c2", None]
+    assert mixed_builds(runs) == ["the code has 2 builds among these runs: c1 in turnopd-s0, turnopd-s1; c2 in turnopd-s2"]
+    assert mixed_builds(runs[:2] + runs[3:]) == []
+
+
+def test_a_run_resumed_on_another_build_of_the_code_is_warned_about(tmp_path: Path):
+    run_dir = write_run(tmp_path, "resumed", method="turnopd", total_steps=2, train=[(1, 1.0), (2, 2.0)],
+                        evals=[(2, 2.0, 0.5)], code={"version": "0.1.0", "source": "c1"})
+    restart = {"kind": "start", "name": "resumed", "method": "turnopd", "seed": 0, "total_steps": 2,
+               "resumed_from_step": 1, "code": {"version": "0.1.0", "source": "c2"}}
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps(restart) + "\n")
+    with pytest.warns(UserWarning, match="different builds of the code .*: c1 then c2"):
+        assert load_run(run_dir).code == "c2"
 
 
 def test_a_run_resumed_on_another_build_is_named(tmp_path: Path):

@@ -123,6 +123,7 @@ class SavedRun:
     final_eval: EvalPoint | None = None  # the final sampled evaluation, when the run made one
     teacher: float | None = None  # the teacher's Avg@k on the same tasks
     models: dict[str, dict[str, Any]] = field(default_factory=dict)  # the start record's: {role: {path, weights}}
+    code: str | None = None  # the start record's code fingerprint (turnopd.core.source); None in older runs
     budget_step: int | None = None  # the step at which trainer.budget ended the run
     budget: dict[str, Any] | None = None  # its budget_reached record: unit, amount, spent (the work achieved)
 
@@ -177,6 +178,10 @@ def load_run(run_dir: str | Path, per_seed_keys: Sequence[str] = (), env: str | 
     if len({json.dumps(r["models"], sort_keys=True) for r in starts if r.get("models")}) > 1:
         warnings.warn(f"{where}: its starts name different model weights (resumed on another build): "
                       f"{starts[0].get('models')} then {start.get('models')}", stacklevel=2)
+    codes = list(dict.fromkeys(r["code"]["source"] for r in starts if r.get("code")))
+    if len(codes) > 1:
+        warnings.warn(f"{where}: its starts ran different builds of the code (resumed on another): "
+                      f"{' then '.join(codes)}", stacklevel=2)
     train_records = [r for r in records if r.get("kind") == "train"]
     for r in train_records:
         _required(r, "step", where), _required(r, "train_time_s", where)
@@ -218,6 +223,7 @@ def load_run(run_dir: str | Path, per_seed_keys: Sequence[str] = (), env: str | 
         eval_time_s=eval_time_s, k=eval_records[-1].get("k") if eval_records else None, split=split,
         recipe_key=recipe_key, final_eval=final_eval,
         teacher=float(teachers[-1]["avg_at_k"]) if teachers else None, models=start.get("models") or {},
+        code=(start.get("code") or {}).get("source"),
         budget_step=budget[-1]["step"] if budget else None, budget=budget[-1] if budget else None,
     )
 
@@ -633,16 +639,19 @@ class RunGroup:
 
 def mixed_builds(runs: Sequence[SavedRun]) -> list[str]:
     """One line per model folder that the runs name with more than one weights fingerprint (start
-    records' `models`): runs of different builds of one folder are not paired replicates, however
-    alike their configs (runs without fingerprints, older ones, are not checked)."""
-    builds: dict[tuple[str, str], dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    records' `models`), and one if they ran more than one build of the code (`code`): runs of different
+    builds are not paired replicates, however alike their configs (runs without fingerprints, older
+    ones, are not checked)."""
+    builds: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for run in sorted(runs, key=lambda run: run.name):  # the lines do not follow the folders' order
         for role, model in run.models.items():
             if model.get("weights"):
-                builds[(role, model["path"])][model["weights"]].append(run.name)
-    return [f"{role} {path} has {len(by_weights)} builds among these runs: "
-            + "; ".join(f"{weights} in {', '.join(names)}" for weights, names in by_weights.items())
-            for (role, path), by_weights in builds.items() if len(by_weights) > 1]
+                builds[f"{role} {model['path']}"][model["weights"]].append(run.name)
+        if run.code:
+            builds["the code"][run.code].append(run.name)
+    return [f"{what} has {len(by_build)} builds among these runs: "
+            + "; ".join(f"{build} in {', '.join(names)}" for build, names in by_build.items())
+            for what, by_build in builds.items() if len(by_build) > 1]
 
 
 def group_runs(runs: Sequence[SavedRun]) -> list[RunGroup]:

@@ -3,7 +3,8 @@
 Record kinds (field "kind"):
 - "start": a (re)start of the run: name, method, seed, total_steps, resumed_from_step, world_size,
   models {student, teacher:<env>[, teacher:<env>:adapter]: {path, weights (a fingerprint of the
-  weight files, turnopd.models.weights_fingerprint; None for a hub name)}}.
+  weight files, turnopd.models.weights_fingerprint; None for a hub name)}}, code {version (the package's),
+  source (a fingerprint of its files, turnopd.core.source.code_fingerprint)}.
 - "train": one optimizer step: the fields of StepRecord (below).
 - "eval": step (optimizer steps done when evaluated), train_time_s (training clock then), split,
   k, avg_at_k (0..1), per_type {task type: avg}, num_tasks, mean_turns, eval_time_s.

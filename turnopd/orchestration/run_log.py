@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from turnopd import __version__
 from turnopd.algorithm.controllers import DepthSchedule, EnvDepths
 from turnopd.algorithm.objective import turn_kl_profile
 from turnopd.algorithm.world_model_corrections import debiased_mean
@@ -20,6 +21,7 @@ from turnopd.core.ledger import Ledger
 from turnopd.core.methods import method_of
 from turnopd.core.metrics import MetricsWriter, StepRecord
 from turnopd.core.pixels import KEY_CHARS
+from turnopd.core.source import code_fingerprint
 from turnopd.core.tracking import TRACKERS, TrackedRun
 from turnopd.core.types import EpisodeSummary, Trajectory, env_errors
 from turnopd.loaders.screens import ScreenPixels
@@ -46,7 +48,8 @@ class RunLog:
         self.writer = MetricsWriter(run_dir / "metrics.jsonl")
         self.writer.write({"kind": "start", "name": cfg.name, "method": method_of(dataclasses.asdict(cfg)),
                            "seed": cfg.seed, "total_steps": cfg.trainer.steps, "resumed_from_step": start_step,
-                           "world_size": world, "models": model_builds(setup)})
+                           "world_size": world, "models": model_builds(setup),
+                           "code": {"version": __version__, "source": code_fingerprint()}})
         tracked = TrackedRun(run_dir, cfg.tracker.run_name or cfg.name, dataclasses.asdict(cfg), start_step, cfg.tracker)
         self.trackers = [TRACKERS.get(name)(tracked) for name in cfg.tracking]
 
