@@ -23,7 +23,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from multi_env import interval, run_arm
+from multi_env import run_arm
+from record import interval, pct, points
 
 from turnopd.analysis.frontier import SavedRun, bootstrap_accuracy, bootstrap_difference, load_run
 from turnopd.orchestration.recipe import load_recipe
@@ -78,18 +79,6 @@ def drift(train: list) -> dict[str, float]:
             "invalid_start": mean(first, lambda r: r.invalid_action_rate),
             "invalid_end": mean(last, lambda r: r.invalid_action_rate),
             "grad_norm_median": statistics.median(norms), "grad_norm_max": max(norms)}
-
-
-def pct(value: dict[str, float] | None) -> str:
-    """An interval as the page prints it: 46.0% [38.0, 54.0]."""
-    if value is None:
-        return "n/a"
-    return f"{100 * value['value']:.1f}% [{100 * value['lo']:.1f}, {100 * value['hi']:.1f}]"
-
-
-def points(value: dict[str, float], unit: str = "pts") -> str:
-    """A difference as the page prints it: +15.3 pts [+4.7, +28.7]."""
-    return f"{100 * value['value']:+.1f} {unit} [{100 * value['lo']:+.1f}, {100 * value['hi']:+.1f}]"
 
 
 def page_tables(result: dict) -> str:

@@ -35,8 +35,9 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from record import interval, pct, points
 
-from turnopd.analysis.frontier import WORK, Interval, bootstrap_accuracy, bootstrap_difference, load_run
+from turnopd.analysis.frontier import WORK, bootstrap_accuracy, bootstrap_difference, load_run
 from turnopd.config import RunConfig, env_views, to_yaml
 from turnopd.orchestration.recipe import load_recipe
 from turnopd.orchestration.sweep import run_state
@@ -69,24 +70,24 @@ def run_arm(recipe: RunConfig, seed: int, out: Path) -> Path:
     return run_dir
 
 
-def interval(value: Interval | None) -> dict[str, float] | None:
-    return dataclasses.asdict(value) if value is not None else None
-
-
 def env_result(env: str, mixture: dict[int, Path], alone: dict[int, Path], rng: np.random.Generator) -> dict:
     """One env's comparison: the mixture's runs read as that env's (turnopd frontier --env) against the
-    single-env runs, final held-out Avg@k per seed, intervals over tasks and seeds, paired by both."""
+    single-env runs, final held-out Avg@k per seed, intervals over tasks and seeds, paired by both; the
+    student at the start (step 0's evaluation, the same model in both arms) and the teacher beside them."""
     mine = {seed: load_run(path, env=env) for seed, path in mixture.items()}
     theirs = {seed: load_run(path) for seed, path in alone.items()}
     finals = {seed: run.final for seed, run in mine.items()}
     base = {seed: run.final for seed, run in theirs.items()}
+    start = {seed: run.evals[0] for seed, run in theirs.items()}
+    teachers = [run.teacher for run in theirs.values() if run.teacher is not None]
     return {"tasks": len(next(iter(finals.values())).per_task),
-            "teacher": statistics.fmean(run.teacher for run in theirs.values() if run.teacher is not None)
-            if any(run.teacher is not None for run in theirs.values()) else None,
+            "teacher": statistics.fmean(teachers) if teachers else None,
+            "start": interval(bootstrap_accuracy(list(start.values()), rng)),
             "mixture": interval(bootstrap_accuracy(list(finals.values()), rng)),
             "alone": interval(bootstrap_accuracy(list(base.values()), rng)),
             "mixture_minus_alone": interval(bootstrap_difference(finals, base, rng)),
-            "per_seed": {seed: {"mixture": finals[seed].avg_at_k, "alone": base[seed].avg_at_k} for seed in finals}}
+            "per_seed": {seed: {"start": start[seed].avg_at_k, "mixture": finals[seed].avg_at_k,
+                                "alone": base[seed].avg_at_k} for seed in finals}}
 
 
 def work(runs: dict[str, dict[int, Path]], envs: list[str]) -> dict:
@@ -103,6 +104,74 @@ def work(runs: dict[str, dict[int, Path]], envs: list[str]) -> dict:
     ratio = {key: statistics.median(s["mixture"][key] / s["alone"][key] for s in per_seed.values())
              for key in keys if all(s["alone"][key] > 0 for s in per_seed.values())}
     return {"per_seed": per_seed, "median_ratio_mixture_over_alone": ratio}
+
+
+FLOOR = 0.10  # the design's floor rule: a teacher under 10% of its held-out tasks leaves no headroom
+MARGIN = 0.15  # the design's margin: the mixture holds the specialist when its difference lies above -15 points
+
+
+def verdict(r: dict) -> str:
+    """The design's words for one env's difference (docs/results/multi-env-design.md)."""
+    if r["teacher"] is not None and r["teacher"] < FLOOR:
+        return f"no headroom (its teacher wins {100 * r['teacher']:.0f}%): not reported as no interference"
+    diff = r["mixture_minus_alone"]
+    words = [w for w, holds in (("holds the specialist (interval above -15 points)", diff["lo"] > -MARGIN),
+                                ("interference (interval below 0)", diff["hi"] < 0)) if holds]
+    return "; ".join(words) or "neither shown at this power"
+
+
+def page_tables(result: dict) -> str:
+    """The results page's tables (docs/results/*-multi-env.md), generated from the saved result."""
+    steps, envs = result["steps"], list(result["per_env"])
+    rows = [f"| env | tasks | teacher | student at start | mixture after {steps} steps | alone after {steps} steps | "
+            "mixture minus alone (paired by task and seed) | by the design |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for env, r in result["per_env"].items():
+        teacher = f"{100 * r['teacher']:.1f}%" if r["teacher"] is not None else "n/a"
+        rows.append(f"| {env} | {r['tasks']} | {teacher} | {pct(r['start'])} | {pct(r['mixture'])} | {pct(r['alone'])} | "
+                    f"{points(r['mixture_minus_alone'])} | {verdict(r)} |")
+    mean = {arm: statistics.fmean(statistics.fmean(r["per_seed"][seed][arm] for seed in r["per_seed"])
+                                  for r in result["per_env"].values()) for arm in ("start", "mixture", "alone")}
+    rows += ["", f"Mean over the {len(envs)} envs (each env's mean over seeds): start {100 * mean['start']:.1f}%, "
+                 f"mixture {100 * mean['mixture']:.1f}%, alone {100 * mean['alone']:.1f}%.", "",
+             "| env | seed | start | mixture | alone |", "| --- | --- | --- | --- | --- |"]
+    for env, r in result["per_env"].items():
+        for seed, s in r["per_seed"].items():
+            rows.append(f"| {env} | {seed} | {100 * s['start']:.1f}% | {100 * s['mixture']:.1f}% | {100 * s['alone']:.1f}% |")
+    keys = [*WORK, "train_time_s"]
+    rows += ["", "| seed | " + " | ".join(f"{key}: mixture / {' + '.join(envs)}" for key in keys) + " |",
+             "| --- | " + " | ".join("---" for _ in keys) + " |"]
+    for seed, w in result["work"]["per_seed"].items():
+        rows.append(f"| {seed} | " + " | ".join(f"{w['mixture'][key]:,.0f} / {w['alone'][key]:,.0f}" for key in keys) + " |")
+    ratio = result["work"]["median_ratio_mixture_over_alone"]
+    rows.append("| median ratio | " + " | ".join(f"{ratio[key]:.2f}x" if key in ratio else "n/a" for key in keys) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def plot(result: dict, out: Path) -> None:
+    """Each env's held-out success: the student at the start, the mixture and the env alone after
+    training (95% intervals over tasks and seeds), the teacher as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(result["per_env"]), figsize=(4.2 * len(result["per_env"]), 3.4), squeeze=False)
+    arms = [("start", "student at start"), ("mixture", "mixture"), ("alone", "env alone")]
+    for ax, (env, r) in zip(axes[0], result["per_env"].items(), strict=True):
+        for x, (arm, label) in enumerate(arms):
+            v = r[arm]
+            ax.errorbar([x], [100 * v["value"]], yerr=[[100 * (v["value"] - v["lo"])], [100 * (v["hi"] - v["value"])]],
+                        fmt="o", capsize=4, label=label)
+        if r["teacher"] is not None:
+            ax.axhline(100 * r["teacher"], color="grey", linestyle="--", label="teacher")
+        ax.set_xticks(range(len(arms)), [label for _, label in arms])
+        ax.set_ylim(-2, 102)
+        ax.set_title(f"{env}: {r['tasks']} held-out tasks, {result['seeds']} seeds")
+        ax.set_ylabel("held-out success (%)")
+    axes[0][0].legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
 
 
 def smoke_overrides(root: Path) -> list[str]:
@@ -131,7 +200,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/multi_env"), help="run folders and their recipes")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where <tag>.json is written")
     parser.add_argument("--tag", default=None, help="the results file's name (default: full, or smoke)")
+    parser.add_argument("--page", action="store_true",
+                        help="print the results page's tables from the saved result and draw its figure (<tag>.png)")
     args = parser.parse_args()
+    if args.page:
+        saved = args.results / f"{args.tag or 'full'}.json"
+        result = json.loads(saved.read_text())
+        plot(result, saved.with_suffix(".png"))
+        print(page_tables(result))
+        return
     overrides = [*COMMON, f"trainer.steps={args.steps}"]
     if args.smoke:
         overrides += smoke_overrides(Path(tempfile.mkdtemp(prefix="multi_env_models_")))

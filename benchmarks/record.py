@@ -106,3 +106,23 @@ def save_result(name: str, title: str, summaries: list[Summary], samples: list[d
 
 def load_summaries(record: dict[str, Any]) -> list[Summary]:
     return [Summary(**s) for s in record["summaries"]]
+
+
+# ---- intervals in results files and pages: {value, lo, hi}, as fractions ----
+
+
+def interval(value: Any) -> dict[str, float] | None:
+    """An interval (turnopd.analysis.frontier.Interval) as a results file saves it; None stays None."""
+    return asdict(value) if value is not None else None
+
+
+def pct(value: dict[str, float] | None) -> str:
+    """An interval as the page prints it: 46.0% [38.0, 54.0]."""
+    if value is None:
+        return "n/a"
+    return f"{100 * value['value']:.1f}% [{100 * value['lo']:.1f}, {100 * value['hi']:.1f}]"
+
+
+def points(value: dict[str, float], unit: str = "pts") -> str:
+    """A difference as the page prints it: +15.3 pts [+4.7, +28.7]."""
+    return f"{100 * value['value']:+.1f} {unit} [{100 * value['lo']:+.1f}, {100 * value['hi']:+.1f}]"

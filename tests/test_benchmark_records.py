@@ -65,6 +65,25 @@ def test_the_cross_tokenizer_page_is_what_its_saved_runs_give():
         assert generated in page, "paste python benchmarks/cross_tokenizer.py --page"
 
 
+def test_the_multi_env_verdicts_follow_the_designs_floor_and_margin():
+    import multi_env
+
+    def env(teacher, lo, hi):
+        return {"teacher": teacher, "mixture_minus_alone": {"value": (lo + hi) / 2, "lo": lo, "hi": hi}}
+
+    # a teacher at 5% is under the 10% floor: nothing is claimed, whatever the interval
+    assert multi_env.verdict(env(0.05, -0.01, 0.01)).startswith("no headroom (its teacher wins 5%)")
+    # [-0.10, +0.06]: above -15 points, not wholly below 0
+    assert multi_env.verdict(env(0.72, -0.10, 0.06)) == "holds the specialist (interval above -15 points)"
+    # [-0.12, -0.02]: above -15 points and wholly below 0, so both
+    assert multi_env.verdict(env(0.72, -0.12, -0.02)) == ("holds the specialist (interval above -15 points); "
+                                                           "interference (interval below 0)")
+    # [-0.30, -0.16]: below the margin and below 0
+    assert multi_env.verdict(env(0.72, -0.30, -0.16)) == "interference (interval below 0)"
+    # [-0.20, +0.05]: reaches below -15 points and above 0
+    assert multi_env.verdict(env(0.72, -0.20, 0.05)) == "neither shown at this power"
+
+
 def test_the_end_to_end_breakdown_puts_each_sides_parts_in_shared_columns():
     import trl_end_to_end as e2e
 
