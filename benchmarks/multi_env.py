@@ -86,6 +86,8 @@ def env_result(env: str, mixture: dict[int, Path], alone: dict[int, Path], rng: 
             "mixture": interval(bootstrap_accuracy(list(finals.values()), rng)),
             "alone": interval(bootstrap_accuracy(list(base.values()), rng)),
             "mixture_minus_alone": interval(bootstrap_difference(finals, base, rng)),
+            "mixture_minus_start": interval(bootstrap_difference(finals, start, rng)),
+            "alone_minus_start": interval(bootstrap_difference(base, start, rng)),
             "per_seed": {seed: {"start": start[seed].avg_at_k, "mixture": finals[seed].avg_at_k,
                                 "alone": base[seed].avg_at_k} for seed in finals}}
 
@@ -125,10 +127,14 @@ def page_tables(result: dict) -> str:
     steps, envs = result["steps"], list(result["per_env"])
     rows = [f"| env | tasks | teacher | student at start | mixture after {steps} steps | alone after {steps} steps | "
             "mixture minus alone (paired by task and seed) | by the design |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    changes = ["", "Each arm's change from the start, paired by task and seed:", "",
+               "| env | mixture minus start | alone minus start |", "| --- | --- | --- |"]
     for env, r in result["per_env"].items():
         teacher = f"{100 * r['teacher']:.1f}%" if r["teacher"] is not None else "n/a"
         rows.append(f"| {env} | {r['tasks']} | {teacher} | {pct(r['start'])} | {pct(r['mixture'])} | {pct(r['alone'])} | "
                     f"{points(r['mixture_minus_alone'])} | {verdict(r)} |")
+        changes.append(f"| {env} | {points(r['mixture_minus_start'])} | {points(r['alone_minus_start'])} |")
+    rows += changes
     mean = {arm: statistics.fmean(statistics.fmean(r["per_seed"][seed][arm] for seed in r["per_seed"])
                                   for r in result["per_env"].values()) for arm in ("start", "mixture", "alone")}
     rows += ["", f"Mean over the {len(envs)} envs (each env's mean over seeds): start {100 * mean['start']:.1f}%, "
@@ -168,7 +174,7 @@ def plot(result: dict, out: Path) -> None:
         ax.set_ylim(-2, 102)
         ax.set_title(f"{env}: {r['tasks']} held-out tasks, {result['seeds']} seeds")
         ax.set_ylabel("held-out success (%)")
-    axes[0][0].legend(loc="upper left", fontsize=8)
+    axes[0][-1].legend(loc="center right", fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

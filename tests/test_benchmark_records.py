@@ -4,6 +4,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -63,6 +64,23 @@ def test_the_cross_tokenizer_page_is_what_its_saved_runs_give():
     page = pages[-1].read_text()
     for generated in (cross_tokenizer.page_tables(result), cross_tokenizer.ratio_table(ratios)):
         assert generated in page, "paste python benchmarks/cross_tokenizer.py --page"
+
+
+def test_the_multi_env_page_is_what_its_saved_runs_give():
+    import multi_env
+
+    result = json.loads((multi_env.RESULTS / "full.json").read_text())
+    pages = sorted((BENCHMARKS.parent / "docs" / "results").glob("*-multi-env.md"))
+    assert pages, "no dated multi-env results page"
+    assert multi_env.page_tables(result) in pages[-1].read_text(), "paste python benchmarks/multi_env.py --page"
+    # and the saved result is what the saved runs give (the script's own order of bootstrap draws)
+    saved = multi_env.RESULTS / "runs"
+    runs = {arm: {seed: saved / f"multi-alfworld-search{'' if arm == 'mixture' else '-' + arm}-s{seed}"
+                  for seed in range(result["seeds"])} for arm in ("mixture", *result["per_env"])}
+    rng = np.random.default_rng(0)
+    again = {env: multi_env.env_result(env, runs["mixture"], runs[env], rng) for env in result["per_env"]}
+    assert json.loads(json.dumps(again)) == result["per_env"]
+    assert json.loads(json.dumps(multi_env.work(runs, list(result["per_env"])))) == result["work"]
 
 
 def test_the_multi_env_verdicts_follow_the_designs_floor_and_margin():
