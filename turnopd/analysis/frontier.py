@@ -175,13 +175,7 @@ def load_run(run_dir: str | Path, per_seed_keys: Sequence[str] = (), env: str | 
     records = [env_evaluation(r, env, where) for r in read_metrics(metrics_path)] if env else read_metrics(metrics_path)
     starts = [r for r in records if r.get("kind") == "start"]
     start = starts[-1] if starts else {}
-    if len({json.dumps(r["models"], sort_keys=True) for r in starts if r.get("models")}) > 1:
-        warnings.warn(f"{where}: its starts name different model weights (resumed on another build): "
-                      f"{starts[0].get('models')} then {start.get('models')}", stacklevel=2)
-    codes = list(dict.fromkeys(r["code"]["source"] for r in starts if r.get("code")))
-    if len(codes) > 1:
-        warnings.warn(f"{where}: its starts ran different builds of the code (resumed on another): "
-                      f"{' then '.join(codes)}", stacklevel=2)
+    warn_mixed_starts(starts, where)
     train_records = [r for r in records if r.get("kind") == "train"]
     for r in train_records:
         _required(r, "step", where), _required(r, "train_time_s", where)
@@ -226,6 +220,17 @@ def load_run(run_dir: str | Path, per_seed_keys: Sequence[str] = (), env: str | 
         code=(start.get("code") or {}).get("source"),
         budget_step=budget[-1]["step"] if budget else None, budget=budget[-1] if budget else None,
     )
+
+
+def warn_mixed_starts(starts: list[dict[str, Any]], where: str) -> None:
+    """A run resumed on another build of its models or of the code says so (its start records differ)."""
+    if len({json.dumps(r["models"], sort_keys=True) for r in starts if r.get("models")}) > 1:
+        warnings.warn(f"{where}: its starts name different model weights (resumed on another build): "
+                      f"{starts[0].get('models')} then {starts[-1].get('models')}", stacklevel=3)
+    codes = list(dict.fromkeys(r["code"]["source"] for r in starts if r.get("code")))
+    if len(codes) > 1:
+        warnings.warn(f"{where}: its starts ran different builds of the code (resumed on another): "
+                      f"{' then '.join(codes)}", stacklevel=3)
 
 
 EVAL_KINDS = ("eval", "final_eval", "teacher_eval")
