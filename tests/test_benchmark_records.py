@@ -1,11 +1,14 @@
 """What the benchmarks publish (benchmarks/record.py) and the page generated from it (benchmarks/table.py)."""
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from turnopd.analysis.frontier import bootstrap_difference, load_run
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))  # the scripts import their siblings as top-level modules
@@ -64,6 +67,15 @@ def test_the_cross_tokenizer_page_is_what_its_saved_runs_give():
     page = pages[-1].read_text()
     for generated in (cross_tokenizer.page_tables(result), cross_tokenizer.ratio_table(ratios)):
         assert generated in page, "paste python benchmarks/cross_tokenizer.py --page"
+    # and the saved result is what the saved runs give
+    saved = {arm: {seed: load_run(cross_tokenizer.RESULTS / "runs" / f"xtok-{arm}-s{seed}") for seed in r["per_seed"]}
+             for arm, r in {**result["per_arm"], **result["exploratory"]}.items()}
+    for part in ("per_arm", "exploratory"):
+        again = {arm: cross_tokenizer.arm_result(saved[arm]) for arm in result[part]}
+        assert json.loads(json.dumps(again)) == result[part]
+    finals = {arm: {seed: run.final for seed, run in saved[arm].items()} for arm in ("smollm2", "tiny")}
+    difference = bootstrap_difference(finals["smollm2"], finals["tiny"], np.random.default_rng(0))
+    assert dataclasses.asdict(difference) == result["smollm2_minus_tiny"]
 
 
 def test_the_multi_env_page_is_what_its_saved_runs_give():
