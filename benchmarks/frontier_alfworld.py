@@ -5,6 +5,7 @@ two regimes, at least 3 seeds per arm, paired (same models, tasks and seeds), ru
     python benchmarks/frontier_alfworld.py --regimes headroom --seeds 3
     python benchmarks/frontier_alfworld.py --regimes world_model --methods vanilla_opd,vanilla_opd_world_model
     turnopd frontier runs/frontier_alfworld/headroom/*/ --md  # the tables again, from the runs alone
+    python benchmarks/frontier_alfworld.py --page equal_budget_30  # an equal-budget regime's page tables, from its saved runs
 
 Regimes (both on recipes/quickstart.yaml: the tiny teacher, look_at_obj_in_light train games for
 rollouts, all 50 held-out games of that type for evaluation, greedy Avg@1 every 8 steps and a
@@ -65,7 +66,16 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from turnopd.analysis.frontier import BOOTSTRAP, load_run, percentile_interval
+from turnopd.analysis.frontier import (
+    BOOTSTRAP,
+    Interval,
+    compare,
+    load_run,
+    mixed_builds,
+    non_inferiority,
+    percentile_interval,
+    t_interval,
+)
 from turnopd.orchestration.sweep import run_state
 
 WORLD_MODEL = "runs/world_models/alfworld"  # recipes/alfworld/world_model.yaml's output_dir, which
@@ -196,6 +206,54 @@ def debiasing_table(runs_dir: Path, seed: int = 0) -> None:
               f"{gaps.mean() * 100:+.1f} [{low * 100:+.1f}, {high * 100:+.1f}] |")
 
 
+def difference_words(difference: Interval, margin: float) -> str:
+    """A paired difference (Avg@k units) in the words its t interval allows, with the non-inferiority
+    verdict at `margin` (docs/frontiers.md)."""
+    shown = ("ahead: the interval lies above 0" if difference.lo > 0 else "behind: the interval lies below 0"
+             if difference.hi < 0 else "difference not shown: the interval holds 0")
+    return f"{shown}; {non_inferiority(difference, margin)} at the {100 * margin:g}-point margin"
+
+
+def equal_budget_tables(regime: str, runs_dir: Path) -> str:
+    """An equal-budget regime's results tables from its complete runs: the checks its design asks for
+    (one build of the code and of each model, budgets held to one episode), each arm's final Avg@k and
+    work, and the comparisons paired by seed: primary TurnOPD against the equal-work control, secondary
+    against vanilla OPD at equal steps (docs/results/equal-budget-30-design.md)."""
+    runs = [run for p in sorted(runs_dir.glob("*/metrics.jsonl"))
+            if (run := load_run(p.parent, ["trainer.budget.amount"])).complete]
+    margin = EQUAL_BUDGET_MARGIN / 100
+    control, vanilla = f"{regime}-vanilla_opd_at_turnopd_work", f"{regime}-vanilla_opd"
+    primary, secondary = (compare(runs, baseline=base, margin=margin) for base in (control, vanilla))
+    rows = {row.group.label: row for row in primary.rows}
+    turnopd = next(label for label, row in rows.items() if row.group.method == "turnopd")
+    episode = max(OmegaConf.load(run.path / "config.yaml").env.max_turns for run in runs)
+    over = [run.budget["spent"] - run.budget["amount"] for run in rows[control].group.runs if run.budget]
+    codes = sorted({run.code or "not recorded" for run in runs})
+    lines = [f"- Complete runs: {len(runs)}; seeds per arm: "
+             + "; ".join(f"{label} {len(row.group.runs)}" for label, row in rows.items()) + ".",
+             f"- Builds: code {', '.join(codes)}; models: "
+             + ("; ".join(mixed_builds(runs)) or "one build of each (" + ", ".join(
+                 f"{role} {model['weights']}" for role, model in runs[0].models.items()) + ")") + ".",
+             f"- The control's budgets: {len(over)} of {len(rows[control].group.runs)} runs ended by theirs, "
+             f"at most {max(over, default=0):+.0f} env steps past it (one episode: {episode}).", "",
+             "| arm | seeds | final Avg@k mean [t 95%] | env steps per run | tokens trained per run |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for label, row in rows.items():
+        final = t_interval([run.final.avg_at_k for run in row.group.runs])
+        lines.append(f"| {label} | {len(row.group.runs)} | {100 * final.value:.1f} [{100 * final.lo:.1f}, "
+                     f"{100 * final.hi:.1f}] | {row.work['env_steps']:,.0f} | {row.work['tokens_trained']:,.0f} |")
+    lines += ["", "| comparison (paired by seed) | seeds | difference, points [t 95%] | detectable | "
+                  "env-step ratio, baseline / other [t 95%] | in words |", "| --- | ---: | ---: | ---: | ---: | --- |"]
+    for name, cmp, label in (("**primary:** TurnOPD - the equal-work control", primary, turnopd),
+                             ("secondary: TurnOPD - vanilla OPD, equal steps", secondary, turnopd),
+                             ("vanilla OPD, equal steps - the equal-work control", primary, vanilla)):
+        s = next(row for row in cmp.rows if row.group.label == label).by_seed
+        d, r = s.difference, s.work_ratio["env_steps"]
+        lines.append(f"| {name} | {len(s.seeds)} | {100 * d.value:+.1f} [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}] | "
+                     f"{100 * s.detectable:.1f} | {r.value:.2f}x [{r.lo:.2f}, {r.hi:.2f}] | {difference_words(d, margin)} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--regimes", default=",".join(REGIMES), help=f"comma-separated: {', '.join(REGIMES)}")
@@ -204,8 +262,13 @@ def main() -> int:
     p.add_argument("--out-dir", default="runs/frontier_alfworld")
     p.add_argument("--save-to", default="benchmarks/results/frontier_alfworld",
                    help="where each complete run's metrics.jsonl and config.yaml are copied")
+    p.add_argument("--page", metavar="REGIME", help="print an equal-budget regime's results tables from its saved "
+                   "runs (under --save-to) and run nothing")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides for every run")
     args = p.parse_args()
+    if args.page:
+        print(equal_budget_tables(args.page, Path(args.save_to) / args.page), end="")
+        return 0
     start, code = time.perf_counter(), 0
     arms = {m for regime in args.regimes.split(",") for _, methods, _ in REGIMES[regime] for m in methods.split(",")}
     chosen = set(args.methods.split(",")) if args.methods else arms

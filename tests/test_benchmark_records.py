@@ -114,6 +114,39 @@ def test_the_multi_env_verdicts_follow_the_designs_floor_and_margin():
     assert multi_env.verdict(env(0.72, -0.20, 0.05)) == "neither shown at this power"
 
 
+def test_the_equal_budget_tables_give_the_figures_the_8_seed_page_published():
+    import frontier_alfworld
+
+    saved = BENCHMARKS / "results" / "frontier_alfworld"
+    tables = frontier_alfworld.equal_budget_tables("equal_budget", saved / "equal_budget")
+    # docs/results/2026-12-05-equal-budget.md, typed from turnopd frontier's tables: the arms' means
+    # [t 95%] and work, the paired differences [t 95%], detectable effects and env-step ratios
+    assert "| equal_budget-vanilla_opd | 8 | 50.7 [47.6, 53.8] | 4,279 | 386,808 |" in tables
+    assert "| turnopd | 8 | 50.0 [47.3, 52.7] | 3,504 | 316,498 |" in tables
+    assert ("| **primary:** TurnOPD - the equal-work control | 8 | +3.2 [-2.3, +8.7] | 7.6 | 1.01x [1.00, 1.03] | "
+            "difference not shown: the interval holds 0; non-inferior at the 5-point margin |") in tables
+    assert "| secondary: TurnOPD - vanilla OPD, equal steps | 8 | -0.7 [-3.7, +2.3] | 4.1 | 1.23x [1.08, 1.40] |" in tables
+    # the control ran before budgets held: 6 of 8 ended by theirs, the worst 140 env steps past it
+    assert "6 of 8 runs ended by theirs, at most +140 env steps past it (one episode: 40)" in tables
+    assert "code not recorded" in tables  # those runs predate the code build in start records
+
+
+def test_equal_budget_verdict_words_follow_the_interval():
+    from frontier_alfworld import difference_words
+
+    from turnopd.analysis.frontier import Interval
+
+    assert difference_words(Interval(0.03, 0.01, 0.05), 0.05) == ("ahead: the interval lies above 0; "
+                                                                   "non-inferior at the 5-point margin")
+    assert difference_words(Interval(0.01, -0.02, 0.04), 0.05) == ("difference not shown: the interval holds 0; "
+                                                                    "non-inferior at the 5-point margin")
+    # [-8, -2]: behind, and reaching past -5: inconclusive at the margin
+    assert difference_words(Interval(-0.05, -0.08, -0.02), 0.05) == ("behind: the interval lies below 0; "
+                                                                      "inconclusive at the 5-point margin")
+    assert difference_words(Interval(-0.09, -0.12, -0.06), 0.05) == ("behind: the interval lies below 0; "
+                                                                      "inferior at the 5-point margin")
+
+
 def test_the_end_to_end_breakdown_puts_each_sides_parts_in_shared_columns():
     import trl_end_to_end as e2e
 
