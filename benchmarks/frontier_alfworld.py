@@ -226,15 +226,16 @@ def equal_budget_tables(regime: str, runs_dir: Path) -> str:
     primary, secondary = (compare(runs, baseline=base, margin=margin) for base in (control, vanilla))
     rows = {row.group.label: row for row in primary.rows}
     turnopd = next(label for label, row in rows.items() if row.group.method == "turnopd")
-    episode = max(OmegaConf.load(run.path / "config.yaml").env.max_turns for run in runs)
-    over = [run.budget["spent"] - run.budget["amount"] for run in rows[control].group.runs if run.budget]
+    controls = rows[control].group.runs
+    episode = max(OmegaConf.load(run.path / "config.yaml").env.max_turns for run in controls)  # the bound on overshoot
+    over = [run.budget["spent"] - run.budget["amount"] for run in controls if run.budget]
     codes = sorted({run.code or "not recorded" for run in runs})
     lines = [f"- Complete runs: {len(runs)}; seeds per arm: "
              + "; ".join(f"{label} {len(row.group.runs)}" for label, row in rows.items()) + ".",
              f"- Builds: code {', '.join(codes)}; models: "
              + ("; ".join(mixed_builds(runs)) or "one build of each (" + ", ".join(
                  f"{role} {model['weights']}" for role, model in runs[0].models.items()) + ")") + ".",
-             f"- The control's budgets: {len(over)} of {len(rows[control].group.runs)} runs ended by theirs, "
+             f"- The control's budgets: {len(over)} of {len(controls)} runs ended by theirs, "
              f"at most {max(over, default=0):+.0f} env steps past it (one episode: {episode}).", "",
              "| arm | seeds | final Avg@k mean [t 95%] | env steps per run | tokens trained per run |",
              "| --- | ---: | ---: | ---: | ---: |"]

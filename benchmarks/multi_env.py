@@ -117,7 +117,7 @@ def verdict(r: dict) -> str:
     if r["teacher"] is not None and r["teacher"] < FLOOR:
         return f"no headroom (its teacher wins {100 * r['teacher']:.0f}%): not reported as no interference"
     diff = r["mixture_minus_alone"]
-    words = [w for w, holds in (("holds the specialist (interval above -15 points)", diff["lo"] > -MARGIN),
+    words = [w for w, holds in ((f"holds the specialist (interval above -{100 * MARGIN:g} points)", diff["lo"] > -MARGIN),
                                 ("interference (interval below 0)", diff["hi"] < 0)) if holds]
     return "; ".join(words) or "neither shown at this power"
 
