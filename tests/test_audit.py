@@ -1,5 +1,5 @@
-"""The teacher audit: its figures on hand-worked examples, and `turnopd teacher audit` end to end on
-real ALFWorld games with tiny models."""
+"""The teacher audit and the teacher's lead: their figures on hand-worked examples, and `turnopd teacher
+audit` and `turnopd teacher lead` end to end on real ALFWorld games with tiny models."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from turnopd.analysis.audit import (
     paired_difference,
     roc_curve,
     sample_states,
+    teacher_lead,
     wilson_interval,
 )
 from turnopd.cli import main
@@ -88,6 +89,20 @@ def test_paired_difference_by_hand():
     assert same["by_state"] == same["by_episode"] == (1.0, 1.0)
 
 
+def test_teacher_lead_by_hand():
+    # per-task Avg@k: d = 100 (t - s) = [+100, 0, 0, +50]; mean 37.5; sd = sqrt(6875 / 3) = 47.871;
+    # t(0.975, 3) = 3.182 (frontier's table), half-width 3.182 x 47.871 / 2 = 76.163
+    row = teacher_lead({"a": 1.0, "b": 1.0, "c": 0.0, "d": 0.5}, {"a": 0.0, "b": 1.0, "c": 0.0, "d": 0.0}, 20.0)
+    assert (row["tasks"], row["teacher"], row["student"]) == (4, 62.5, 25.0)
+    assert row["lead_points"] == pytest.approx(37.5)
+    assert row["interval"] == pytest.approx([37.5 - 76.163, 37.5 + 76.163], abs=1e-3)
+    assert (row["teacher_ahead"], row["student_ahead"], row["passes"]) == (2, 0, True)
+    assert teacher_lead({"a": 1.0, "b": 0.0}, {"a": 0.0, "b": 1.0}, 20.0)["passes"] is False  # 0 < 20
+    assert teacher_lead({"a": 1.0}, {"a": 0.0}, 20.0)["interval"] is None  # one task: no interval
+    with pytest.raises(ValueError, match="not the same ones"):
+        teacher_lead({"a": 1.0, "b": 0.0}, {"a": 0.0}, 20.0)
+
+
 def _report(teacher, wins):
     return {"teacher": teacher, "states": [{"episode": e, "turn": t, "task_id": f"g{e}", "student_won": False, "won": w}
                                            for (e, t), w in wins.items()]}
@@ -140,3 +155,27 @@ def test_the_audit_command_takes_over_from_replayed_states(tmp_path, tiny_model_
     (tmp_path / "train.json").write_text(json.dumps(report))
     assert main(["teacher", "compare", str(tmp_path / "train.json"), str(path)]) == 2
     assert "took over from different states" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_lead_command_plays_both_on_the_held_out_tasks(tmp_path, tiny_model_dir, capsys):
+    recipe = loop_models(tmp_path, tiny_model_dir, "name: lead\neval: {{max_tasks: 2}}\n") / "recipe.yaml"
+    # the teacher's own model as the student: the same greedy episodes, so it leads by nothing on every task
+    out = tmp_path / "lead.json"
+    assert main(["teacher", "lead", str(recipe), "--student", str(tiny_model_dir), "--min-points", "0",
+                 "-o", str(out)]) == 0
+    report = json.loads(out.read_text())
+    tasks = make_env_spec(load_recipe(recipe).env).tasks("valid_seen")[:2]
+    row = report["envs"]["alfworld"]
+    assert sorted(row["teacher"]["per_task"]) == sorted(row["student"]["per_task"]) == sorted(tasks)
+    assert row["teacher"]["per_task"] == row["student"]["per_task"] and row["student"]["mean_turns"] > 0
+    assert (row["lead"]["lead_points"], row["lead"]["interval"]) == (0.0, [0.0, 0.0])
+    assert "lead (points)" in capsys.readouterr().out
+    # the recipe's student against the teacher, asked for a 20-point lead neither untrained model has: exit 1
+    assert main(["teacher", "lead", str(recipe)]) == 1
+    assert not json.loads((tmp_path / "runs" / "lead-lead.json").read_text())["passes"]
+    # a teacher behind a server is refused before any model loads
+    (tmp_path / "server.yaml").write_text("name: served\nmodel: some/model\nbackend: vllm_server\n"
+                                          "url: http://127.0.0.1:9\n")
+    assert main(["teacher", "lead", str(recipe), f"teachers.alfworld={tmp_path / 'server.yaml'}"]) == 2
+    assert "reached through a server" in capsys.readouterr().err

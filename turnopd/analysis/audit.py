@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from turnopd.analysis.frontier import BOOTSTRAP, percentile_interval
+from turnopd.analysis.frontier import BOOTSTRAP, percentile_interval, t_interval
 
 
 def auc(scores: Sequence[float], labels: Sequence[bool], strata: Sequence[int] | None = None) -> float | None:
@@ -65,6 +65,26 @@ def paired_difference(episodes: Sequence[int], differences: Sequence[float], rng
     return {"states": len(d), "episodes": len(groups), "difference": float(d.mean()),
             "only_first": int((d < 0).sum()), "only_second": int((d > 0).sum()),
             "by_state": percentile_interval(by_state), "by_episode": percentile_interval(by_episode)}
+
+
+def teacher_lead(teacher: Mapping[str, float], student: Mapping[str, float], min_points: float) -> dict[str, Any]:
+    """How far the teacher leads the student on the same held-out tasks (`turnopd teacher lead`), paired
+    by task. With t_i and s_i a task's successes / k (its Avg@k) for the teacher and the student,
+    d_i = 100 (t_i - s_i) in points; lead = (1 / n) sum_i d_i with its 95% t interval over the n tasks
+    (None for one task); `passes` when the lead reaches `min_points` (a distillation experiment's gate:
+    a teacher that does not lead its student has nothing to show by distilling)."""
+    if set(teacher) != set(student):
+        raise ValueError(f"the teacher played {len(teacher)} tasks and the student {len(student)}, not the same ones")
+    if not teacher:
+        raise ValueError("no tasks to compare the teacher and the student on")
+    differences = [100 * (teacher[task] - student[task]) for task in sorted(teacher)]
+    interval = t_interval(differences)
+    lead = sum(differences) / len(differences)
+    return {"tasks": len(differences), "teacher": 100 * sum(teacher.values()) / len(teacher),
+            "student": 100 * sum(student.values()) / len(student), "lead_points": lead,
+            "interval": None if interval is None else [interval.lo, interval.hi],
+            "teacher_ahead": sum(d > 0 for d in differences), "student_ahead": sum(d < 0 for d in differences),
+            "min_points": min_points, "passes": lead >= min_points}
 
 
 class AuditMismatch(ValueError):

@@ -1,6 +1,8 @@
 """`turnopd teacher serve TEACHER_SPEC`: start vLLM's OpenAI-compatible server for a teacher.
 `turnopd teacher audit RECIPE`: where the teacher is guessing (turnopd.orchestration.audit).
 `turnopd teacher compare A B`: two audits' teachers on the same student states, paired.
+`turnopd teacher lead RECIPE`: does the teacher lead the student on the held-out tasks (an experiment's
+gate; turnopd.orchestration.teacher_lead)? Exit 0 when it leads by --min-points, 1 when not.
 
 `serve` runs `python -m vllm.entrypoints.openai.api_server` (see teachers.spec.server_command), prints
 the URL to put in the spec's `url` (backend vllm_server), waits until the server answers /health,
@@ -186,6 +188,35 @@ def audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def lead(args: argparse.Namespace) -> int:
+    from teachers import TeacherSpecError
+    from turnopd.config import RecipeError
+    from turnopd.orchestration.recipe import load_recipe
+    from turnopd.orchestration.teacher_lead import run_teacher_lead
+
+    try:
+        cfg = load_recipe(args.recipe, args.overrides)
+        report = run_teacher_lead(cfg, student=args.student, min_points=args.min_points)
+    except (RecipeError, TeacherSpecError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.output or Path(cfg.output_dir).expanduser() / f"{cfg.name}-lead.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"\nDoes the teacher lead the student? (the held-out evaluation of a run's start: Avg@eval.k, greedy "
+          f"at k = 1; paired by task, 95% t interval over tasks; student {report['student']})")
+    print(" | ".join(["env", "split", "tasks", "teacher", "student", "lead (points)", "interval",
+                      "teacher ahead", "student ahead", f"lead >= {args.min_points:g}"]))
+    for env, e in report["envs"].items():
+        lead_ = e["lead"]
+        print(" | ".join([env, e["split"], str(lead_["tasks"]), f"{lead_['teacher']:.1f}%", f"{lead_['student']:.1f}%",
+                          f"{lead_['lead_points']:+.1f}", _interval(lead_["interval"], 1, 1),
+                          str(lead_["teacher_ahead"]), str(lead_["student_ahead"]),
+                          "yes" if lead_["passes"] else "NO"]))
+    print(f"\nlead: {out} ({report['seconds']:.0f} s)")
+    return 0 if report["passes"] else 1
+
+
 def compare(args: argparse.Namespace) -> int:
     """Two audits' takeovers from the same states, paired (turnopd.analysis.audit.compare_audits)."""
     from turnopd.analysis.audit import AuditMismatch, compare_audits
@@ -208,6 +239,14 @@ def compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_recipe_and_student(parser: argparse.ArgumentParser) -> None:
+    """The arguments of the commands that play a recipe's student against its teacher (audit, lead)."""
+    parser.add_argument("recipe", help="a distillation recipe (its student, teachers, env and settings)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotlist overrides of the recipe")
+    parser.add_argument("--student", metavar="PATH", help="a model, checkpoint or run folder (its newest "
+                                                          "checkpoint); default: the recipe's student")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("teacher", help="teacher tools")
     teacher_sub = p.add_subparsers(dest="teacher_command", metavar="TEACHER_COMMAND")
@@ -222,10 +261,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=serve)
     a = teacher_sub.add_parser("audit", help="teacher takeovers from student states: where the teacher is right, "
                                              "and whether its familiarity signals tell")
-    a.add_argument("recipe", help="a distillation recipe (its student, teacher, env and rollout sampling)")
-    a.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotlist overrides of the recipe")
-    a.add_argument("--student", metavar="PATH", help="a model, checkpoint or run folder (its newest checkpoint); "
-                                                     "default: the recipe's student")
+    add_recipe_and_student(a)
     a.add_argument("--episodes", type=int, default=16, help="student episodes to draw states from")
     a.add_argument("--per-band", type=int, default=12, help="states per band of turns to take over from")
     a.add_argument("--band-width", type=int, default=10, help="turns per band")
@@ -237,4 +273,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("second", metavar="SECOND_AUDIT_JSON")
     c.add_argument("--band-width", type=int, default=20, help="turns per band of the table")
     c.set_defaults(func=compare)
+    ld = teacher_sub.add_parser("lead", help="does the teacher lead the student on the held-out tasks? (an "
+                                             "experiment's gate; exit 1 when it does not)")
+    add_recipe_and_student(ld)
+    ld.add_argument("--min-points", type=float, default=20.0, help="the lead the gate asks for (default 20)")
+    ld.add_argument("-o", "--output", help="the report's JSON (default OUTPUT_DIR/<name>-lead.json)")
+    ld.set_defaults(func=lead)
     p.set_defaults(func=lambda args: p.print_help() or 2)
