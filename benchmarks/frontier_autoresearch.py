@@ -6,12 +6,14 @@ at equal real executions and at equal training clock, 3 seeds per arm.
     python benchmarks/frontier_autoresearch.py --regimes equal_executions --seeds 3
     turnopd frontier runs/frontier_autoresearch/equal_clock/*/ --md     # the tables again, from the runs
     python benchmarks/frontier_autoresearch.py --tables benchmarks/results/frontier_autoresearch/equal_clock
+    # the 30-task testbed (docs/results/autoresearch-30-design.md: its gate first, then 5 arms x 5 seeds)
+    python benchmarks/frontier_autoresearch.py --regimes equal_executions_30,equal_clock_30 --seeds 5 student.path=...
 
 Design (fixed before the runs; docs/results/2026-12-05-autoresearch-frontier.md):
 - Recipe: recipes/autoresearch.yaml (the tiny student and teacher), `env.options.disk_cache=false`
   (every job runs, memoised only inside each env worker for the run), 4 episodes a step in groups
   of 2 (the reward term's and the anchors' groups), k1 estimator, greedy Avg@1 on the 6 held-out tasks
-  at the end only (the start, the same student in every arm, is the autoresearch page's 83.3%).
+  (the test split's first 6 since it grew to 30) at the end only (the start, the same student in every arm, is the autoresearch page's 83.3%).
 - Arms (recipes/methods): vanilla_opd, vanilla_opd_reward (reward_weight 0.5),
   vanilla_opd_world_model_reward (the job model, runs/world_models/autoresearch, answers 75% of the
   episodes; ppi and trajectory_variance), vanilla_opd_world_model_wmrl (WMRL's anchors, isotonic map
@@ -37,15 +39,25 @@ from pathlib import Path
 from frontier_alfworld import complete_runs, debiasing_table, save_runs
 
 WORLD_MODEL = "runs/world_models/autoresearch"  # recipes/autoresearch/world_model_job.yaml's output_dir
-ARMS = "vanilla_opd,vanilla_opd_reward,vanilla_opd_world_model_reward,vanilla_opd_world_model_wmrl"
-COMMON = ["env.options.disk_cache=false", "trainer.episodes_per_step=4", "trainer.group_size=2",
-          "objective.estimator=k1", "trainer.steps=40", "eval.at_start=false", "eval.every=1000",
-          "eval.teacher=false", "checkpoint.every=8", "tracking=[]",
+# Every regime's shared settings: the job model's WMRL schedule scaled to runs of ~10-60 steps
+SHARED = ["env.options.disk_cache=false", "trainer.episodes_per_step=4", "trainer.group_size=2",
+          "objective.estimator=k1", "checkpoint.every=8", "tracking=[]",
           "world_model.calibration_min_pairs=8", "world_model.calibration_refit_every=4",
           "world_model.anchor_warmup_groups=4", "world_model.anchor_half_life=8"]
-REGIMES = {
-    "equal_executions": ["trainer.budget.unit=env_steps", "trainer.budget.amount=192"],
-    "equal_clock": ["trainer.budget.unit=train_time_s", "trainer.budget.amount=150"],
+# The 2026-12-05 design: 6 tasks, no start or teacher evaluation, the final one only
+FIRST = [*SHARED, "trainer.steps=40", "eval.at_start=false", "eval.every=1000", "eval.teacher=false",
+         "eval.max_tasks=6"]
+# docs/results/autoresearch-30-design.md: the 30 test tasks, each run's start and teacher evaluated
+ON_30 = [*SHARED, "trainer.steps=60", "eval.at_start=true", "eval.teacher=true"]
+FIRST_ARMS = "vanilla_opd,vanilla_opd_reward,vanilla_opd_world_model_reward,vanilla_opd_world_model_wmrl"
+ARMS_30 = "vanilla_opd,turnopd,vanilla_opd_reward,vanilla_opd_world_model_reward,vanilla_opd_world_model_wmrl"
+REGIMES = {  # regime -> (its arms, its overrides)
+    "equal_executions": (FIRST_ARMS, [*FIRST, "trainer.budget.unit=env_steps", "trainer.budget.amount=192"]),
+    "equal_clock": (FIRST_ARMS, [*FIRST, "trainer.budget.unit=train_time_s", "trainer.budget.amount=150"]),
+    "equal_executions_30": (ARMS_30, [*ON_30, "trainer.budget.unit=env_steps", "trainer.budget.amount=480",
+                                      "eval.every=4"]),
+    "equal_clock_30": (ARMS_30, [*ON_30, "trainer.budget.unit=train_time_s", "trainer.budget.amount=240",
+                                 "eval.every=0"]),
 }
 
 
@@ -103,9 +115,9 @@ def print_tables(runs_dir: Path) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--regimes", default=",".join(REGIMES), help=f"comma-separated: {', '.join(REGIMES)}")
+    p.add_argument("--regimes", default="equal_executions,equal_clock", help=f"comma-separated: {', '.join(REGIMES)}")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--methods", default=ARMS, help="comma-separated arms (recipes/methods)")
+    p.add_argument("--methods", help="comma-separated arms (recipes/methods); default: the regime's")
     p.add_argument("--out-dir", default="runs/frontier_autoresearch")
     p.add_argument("--save-to", default="benchmarks/results/frontier_autoresearch",
                    help="where each complete run's metrics.jsonl and config.yaml are copied")
@@ -115,6 +127,9 @@ def main() -> int:
     if args.tables:
         print_tables(Path(args.tables))
         return 0
+    unknown = sorted(set(args.regimes.split(",")) - set(REGIMES))
+    if unknown:
+        p.error(f"unknown regimes {unknown}; known: {', '.join(REGIMES)}")
     start, code = time.perf_counter(), 0
     if not Path(WORLD_MODEL, "world_model.json").is_file():
         print(f"== building the job model {WORLD_MODEL}", flush=True)
@@ -122,9 +137,10 @@ def main() -> int:
                                 "recipes/autoresearch/world_model_job.yaml"])
     for regime in args.regimes.split(","):
         out_dir = Path(args.out_dir) / regime
-        command = [sys.executable, "-m", "turnopd.cli", "sweep", "recipes/autoresearch.yaml", "--methods", args.methods,
-                   "--seeds", str(args.seeds), "--name", regime, "--out-dir", str(out_dir), "--md",
-                   "--out", str(out_dir / "frontier.png"), *COMMON, *REGIMES[regime], *args.overrides]
+        arms, overrides = REGIMES[regime]
+        command = [sys.executable, "-m", "turnopd.cli", "sweep", "recipes/autoresearch.yaml", "--methods",
+                   args.methods or arms, "--seeds", str(args.seeds), "--name", regime, "--out-dir", str(out_dir),
+                   "--md", "--out", str(out_dir / "frontier.png"), *overrides, *args.overrides]
         print(f"== regime {regime}\n$ " + " ".join(command), flush=True)
         code = subprocess.call(command) or code
         print_tables(out_dir)

@@ -77,14 +77,18 @@ def accuracy(**changes: str) -> float:
 def test_registered_splits_and_task_ids(spec) -> None:
     assert "autoresearch" in ENVS
     train, test = spec.tasks("train"), spec.tasks("test")
-    assert len(train) == 20 and len(test) == 6 and set(train).isdisjoint(test)
+    assert len(train) == 20 and len(test) == 30 and set(train).isdisjoint(test)
     assert train[:4] == ["digits-mlp-s0", "spirals-mlp-s0", "digits-mlp-s1", "spirals-mlp-s1"]
-    assert test == ["digits-mlp-s10", "spirals-mlp-s10", "letters-mlp-s0",
-                    "digits-mlp-s11", "spirals-mlp-s11", "letters-mlp-s1"]
+    # start-major: the first 6 are the 6 tasks the split held before it grew (the 2026-12-05 pages')
+    assert test[:6] == ["digits-mlp-s10", "spirals-mlp-s10", "letters-mlp-s0",
+                        "digits-mlp-s11", "spirals-mlp-s11", "letters-mlp-s1"]
+    assert test[-3:] == ["digits-mlp-s19", "spirals-mlp-s19", "letters-mlp-s9"]
     assert {spec.task_type(t) for t in train} == {"digits", "spirals"}  # letters is held out
+    assert [sum(spec.task_type(t) == d for t in test) for d in ("digits", "spirals", "letters")] == [10, 10, 10]
+    assert len(set(map(start_config, test))) == 30  # 30 distinct starting configurations
     assert spec_of().tasks("test") == test
     assert spec_of(task_types=["letters"], max_tasks=1).tasks("test") == ["letters-mlp-s0"]
-    assert sum(len(ns) for split in SPLIT_STARTS.values() for ns in split.values()) == 26
+    assert sum(len(ns) for split in SPLIT_STARTS.values() for ns in split.values()) == 50
 
 
 def test_start_configurations_are_seeded_draws_of_allowed_values() -> None:
