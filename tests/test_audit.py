@@ -170,6 +170,10 @@ def test_the_lead_command_plays_both_on_the_held_out_tasks(tmp_path, tiny_model_
     assert sorted(row["teacher"]["per_task"]) == sorted(row["student"]["per_task"]) == sorted(tasks)
     assert row["teacher"]["per_task"] == row["student"]["per_task"] and row["student"]["mean_turns"] > 0
     assert (row["lead"]["lead_points"], row["lead"]["interval"]) == (0.0, [0.0, 0.0])
+    # the builds and the code, as a run's start record names them
+    assert report["models"]["student"]["path"] == str(tiny_model_dir)
+    assert report["models"]["student"]["weights"] == report["models"]["teacher:alfworld"]["weights"] is not None
+    assert len(report["code"]["source"]) == 16
     assert "lead (points)" in capsys.readouterr().out
     # the recipe's student against the teacher, asked for a 20-point lead neither untrained model has: exit 1
     assert main(["teacher", "lead", str(recipe)]) == 1

@@ -10,16 +10,21 @@ The lead is paired by task (turnopd.analysis.audit.teacher_lead); a multi-env re
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from pathlib import Path
 from typing import Any
 
 from envs.pool import EnvPool
+from turnopd import __version__
 from turnopd.analysis.audit import teacher_lead
 from turnopd.config import RecipeError, RunConfig
+from turnopd.core.source import code_fingerprint
 from turnopd.orchestration.audit import student_policy
 from turnopd.orchestration.evaluation import evaluate_teacher, run_eval
 from turnopd.orchestration.pipeline import env_parts
 from turnopd.orchestration.preflight import check_setup
+from turnopd.orchestration.run_log import model_builds
 from turnopd.orchestration.startup import build_missing_models, seed_everything
 
 
@@ -43,7 +48,11 @@ def run_teacher_lead(cfg: RunConfig, *, student: str | None = None, min_points: 
                 students[env] = run_eval(view, part, pool, policy, step=0)
     finally:
         policy.close()
-    report: dict[str, Any] = {"recipe": cfg.name, "student": student_name, "min_points": min_points, "envs": {}}
+    report: dict[str, Any] = {
+        "recipe": cfg.name, "student": student_name, "min_points": min_points,
+        # which builds and which code, as a run's start record names them
+        "models": model_builds(dataclasses.replace(setup, student_path=Path(student_name))),
+        "code": {"version": __version__, "source": code_fingerprint()}, "envs": {}}
     for env, (view, part) in parts.items():
         spec = part.teacher_specs[env]
         with EnvPool.for_config(part.spec, view.env) as pool:
