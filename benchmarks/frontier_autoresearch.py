@@ -7,7 +7,7 @@ at equal real executions and at equal training clock, 3 seeds per arm.
     turnopd frontier runs/frontier_autoresearch/equal_clock/*/ --md     # the tables again, from the runs
     python benchmarks/frontier_autoresearch.py --tables benchmarks/results/frontier_autoresearch/equal_clock
     # the 30-task testbed (docs/results/autoresearch-30-design.md: its gate first, then 5 arms x 5 seeds)
-    python benchmarks/frontier_autoresearch.py --regimes equal_executions_30,equal_clock_30 --seeds 5 student.path=...
+    python benchmarks/frontier_autoresearch.py --regimes equal_executions_30,equal_clock_30 --seeds 5
 
 Design (fixed before the runs; docs/results/2026-12-05-autoresearch-frontier.md):
 - Recipe: recipes/autoresearch.yaml (the tiny student and teacher), `env.options.disk_cache=false`
@@ -47,8 +47,11 @@ SHARED = ["env.options.disk_cache=false", "trainer.episodes_per_step=4", "traine
 # The 2026-12-05 design: 6 tasks, no start or teacher evaluation, the final one only
 FIRST = [*SHARED, "trainer.steps=40", "eval.at_start=false", "eval.every=1000", "eval.teacher=false",
          "eval.max_tasks=6"]
-# docs/results/autoresearch-30-design.md: the 30 test tasks, each run's start and teacher evaluated
-ON_30 = [*SHARED, "trainer.steps=60", "eval.at_start=true", "eval.teacher=true"]
+# docs/results/autoresearch-30-design.md: the 30 test tasks, each run's start and teacher evaluated, and
+# the student its gate chose (the 50-step stop of the teacher's recipe, built on first use)
+ON_30 = [*SHARED, "trainer.steps=60", "eval.at_start=true", "eval.teacher=true",
+         "student.path=~/.cache/turnopd/models/autoresearch-student-sft50",
+         "student.prepare_options.overrides=[trainer.steps=50]"]
 FIRST_ARMS = "vanilla_opd,vanilla_opd_reward,vanilla_opd_world_model_reward,vanilla_opd_world_model_wmrl"
 ARMS_30 = "vanilla_opd,turnopd,vanilla_opd_reward,vanilla_opd_world_model_reward,vanilla_opd_world_model_wmrl"
 REGIMES = {  # regime -> (its arms, its overrides)
