@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -40,30 +41,29 @@ def run_teacher_lead(cfg: RunConfig, *, student: str | None = None, min_points: 
     seed_everything(cfg.seed)
     clock = time.perf_counter()
     parts = env_parts(cfg, setup)
-    policy, student_name = student_policy(cfg, setup.student_path, student)
-    try:
-        students = {}
-        for env, (view, part) in parts.items():
-            with EnvPool.for_config(part.spec, view.env) as pool:
-                students[env] = run_eval(view, part, pool, policy, step=0)
-    finally:
-        policy.close()
     report: dict[str, Any] = {
-        "recipe": cfg.name, "student": student_name, "min_points": min_points,
-        # which builds and which code, as a run's start record names them
-        "models": model_builds(dataclasses.replace(setup, student_path=Path(student_name))),
+        "recipe": cfg.name, "min_points": min_points,
         "code": {"version": __version__, "source": code_fingerprint()}, "envs": {}}
-    for env, (view, part) in parts.items():
-        spec = part.teacher_specs[env]
-        with EnvPool.for_config(part.spec, view.env) as pool:
-            teacher = evaluate_teacher(view, part, spec, pool)
-        report["envs"][env] = {
-            "split": part.eval_split, "k": view.eval.k,
-            "temperature": view.eval.temperature if view.eval.k > 1 else 0.0,  # k = 1 is greedy
-            "max_turns": view.env.max_turns, "teacher_name": spec.name,
-            "teacher": teacher.record(), "student": students[env].record(),
-            "lead": teacher_lead(teacher.per_task, students[env].per_task, min_points),
-        }
+    with ExitStack() as stack:  # each env's pool serves both players: its workers start once
+        pools = {env: stack.enter_context(EnvPool.for_config(part.spec, view.env)) for env, (view, part) in parts.items()}
+        policy, student_name = student_policy(cfg, setup.student_path, student)
+        try:
+            students = {env: run_eval(view, part, pools[env], policy, step=0) for env, (view, part) in parts.items()}
+        finally:
+            policy.close()  # before a teacher loads: one model in memory at a time
+        for env, (view, part) in parts.items():
+            spec = part.teacher_specs[env]
+            teacher = evaluate_teacher(view, part, spec, pools[env])
+            report["envs"][env] = {
+                "split": part.eval_split, "k": view.eval.k,
+                "temperature": view.eval.temperature if view.eval.k > 1 else 0.0,  # k = 1 is greedy
+                "max_turns": view.env.max_turns, "teacher_name": spec.name,
+                "teacher": teacher.record(), "student": students[env].record(),
+                "lead": teacher_lead(teacher.per_task, students[env].per_task, min_points),
+            }
+    # which builds, as a run's start record names them
+    report["student"] = student_name
+    report["models"] = model_builds(dataclasses.replace(setup, student_path=Path(student_name)))
     report["passes"] = all(e["lead"]["passes"] for e in report["envs"].values())
     report["seconds"] = time.perf_counter() - clock
     return report
