@@ -130,6 +130,46 @@ def test_the_equal_budget_tables_give_the_figures_the_8_seed_page_published():
     assert "code not recorded" in tables  # those runs predate the code build in start records
 
 
+def test_the_30_seed_page_and_the_readme_agree_with_the_saved_runs():
+    import frontier_alfworld
+
+    saved = BENCHMARKS / "results" / "frontier_alfworld" / "equal_budget_30"
+    tables = frontier_alfworld.equal_budget_tables("equal_budget_30", saved)
+    page = (BENCHMARKS.parent / "docs" / "results" / "2026-12-07-equal-budget-30.md").read_text()
+    assert tables in page  # the page's block is --page's output, unedited
+    # the design's done-when: 30 seeds an arm, one code build, every control ended within one episode
+    assert "seeds per arm: equal_budget_30-vanilla_opd 30; equal_budget_30-vanilla_opd_at_turnopd_work 30; turnopd 30" in tables
+    assert "- Builds: code af6cd63beefee4e0; models: one build of each" in tables
+    assert "30 of 30 runs ended by theirs, at most +38 env steps past it (one episode: 40)" in tables
+    # the README's headline figures are the tables' (primary and secondary rows)
+    readme = " ".join((BENCHMARKS.parent / "README.md").read_text().split())
+    for figure in ("+0.0 points, interval -1.2 to +1.2", "1.22x [1.16, 1.28] TurnOPD's env steps",
+                   "by 2.0 points** (+0.1 to +3.9 over the seeds, 2.7 detectable)", "interval is -0.4 to +4.7"):
+        assert figure in readme
+    assert "| secondary: TurnOPD - vanilla OPD, equal steps | 30 | +0.0 [-1.2, +1.2] | 1.7 | 1.22x [1.16, 1.28] |" in tables
+    assert "| **primary:** TurnOPD - the equal-work control | 30 | +2.0 [+0.1, +3.9] | 2.7 |" in tables
+    assert tables.count("+2.0 [-0.4, +4.7]") == 1  # games and seeds resampled together
+
+
+def test_the_task_clustered_difference_averages_each_task_over_seeds():
+    from frontier_alfworld import by_task
+
+    from turnopd.analysis.frontier import EvalPoint
+
+    def run(seed, scores):
+        final = EvalPoint(step=20, train_time_s=0.0, avg_at_k=sum(scores) / 3, per_task=dict(zip("abc", scores, strict=True)))
+        return type("Run", (), {"seed": seed, "final": final})
+
+    ours = [run(0, [1.0, 0.5, 0.0]), run(1, [1.0, 1.0, 0.5])]
+    theirs = [run(1, [0.5, 1.0, 0.5]), run(0, [0.0, 0.5, 0.5])]  # paired by seed, not by position
+    # per task, averaged over the seeds: a (1-0 + 1-0.5)/2 = 0.75, b (0 + 0)/2 = 0, c (-0.5 + 0)/2 = -0.25
+    # mean 0.5/3 = 1/6; sd of (0.75, 0, -0.25) = sqrt(((7/12)^2 + (1/6)^2 + (5/12)^2) / 2) = 0.520416;
+    # t(0.975, 2) = 4.303 (three decimals, as the table): half-width 4.303 x 0.520416 / sqrt(3) = 1.292889
+    d = by_task(ours, theirs)
+    assert d.value == pytest.approx(1 / 6)
+    assert (d.lo, d.hi) == (pytest.approx(1 / 6 - 1.292889, abs=1e-5), pytest.approx(1 / 6 + 1.292889, abs=1e-5))
+
+
 def test_equal_budget_verdict_words_follow_the_interval():
     from frontier_alfworld import difference_words
 
