@@ -203,7 +203,7 @@ def debiasing_table(runs_dir: Path, seed: int = 0) -> None:
         verdict = OmegaConf.load(group[0].path / "config.yaml").world_model.get("verdict", "last_turn")
         print(f"| {name} | {verdict} | {len(steps)} | {real.mean():.1%} | {debiased.mean():.1%} | "
               f"{np.mean([r.world_model_bias for r in steps]):+.3f} | "
-              f"{gaps.mean() * 100:+.1f} [{low * 100:+.1f}, {high * 100:+.1f}] |")
+              f"{points(Interval(float(gaps.mean()), low, high))} |")
 
 
 def difference_words(difference: Interval, margin: float) -> str:
@@ -259,6 +259,7 @@ def equal_budget_tables(regime: str, runs_dir: Path) -> str:
 
 
 def points(d: Interval) -> str:
+    """A difference of Avg@k (0..1) in signed points with its interval: +2.0 [+0.1, +3.9]."""
     return f"{100 * d.value:+.1f} [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}]"
 
 
