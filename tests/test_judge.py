@@ -322,6 +322,102 @@ def test_play_rows_pair_each_arm_with_the_baseline() -> None:
     assert rows["none"]["detectable"] is None and rows["judge"]["won"] == 0.5
 
 
+def test_the_cliff_is_late_minus_early_within_each_band_weighted_by_its_verdicts() -> None:
+    from turnopd.orchestration.judge_bench import band_weighted_difference, cliff
+
+    right = [True, False, True, True, False, None, True, True, False]
+    depths = ["0", "1", "2", ">=3", "2", "2", "0", "2", ">=3"]
+    bands = ["<2", "<2", "<2", "<2", "<2", "<2", ">=5", "2-5", ">=5"]
+    late = [d not in ("0", "1") for d in depths]
+    # <2: early 1/2, late 2/3 (the None is no verdict): d = 1/6, w = 5; 2-5: late only, skipped;
+    # >=5: early 1/1, late 0/1: d = -1, w = 2.  (5/6 - 2) / 7 = -1/6
+    assert band_weighted_difference(right, late, bands) == pytest.approx(-1 / 6)
+    assert band_weighted_difference(right[:2], late[:2], bands[:2]) is None  # no band judged late
+    c = cliff(right, depths, bands, ["a"] * 9)
+    assert (c["early"], c["early_verdicts"], c["late"], c["late_verdicts"]) == (2 / 3, 3, 3 / 5, 5)
+    assert c["difference"] == pytest.approx(-1 / 6)
+    assert c["interval"] == (pytest.approx(-1 / 6), pytest.approx(-1 / 6))  # one task: every resample is it
+    # two tasks with the same pairs: every resample has the same difference
+    twice = cliff(right * 2, depths * 2, bands * 2, ["a"] * 9 + ["b"] * 9)
+    assert twice["interval"] == (pytest.approx(-1 / 6), pytest.approx(-1 / 6)) and twice["resamples_without_value"] == 0
+
+
+def tiny_bench_report() -> dict:
+    pairs = [{"state": 0, "good": "g", "bad": "b", "difference": 1.0, "depth": 0, "task_id": "a", "walk": 0},
+             {"state": 1, "good": "g", "bad": "b", "difference": -1.5, "depth": 2, "task_id": "a", "walk": 0},
+             {"state": 2, "good": "g", "bad": "b", "difference": 6.0, "depth": 0, "task_id": "b", "walk": 0},
+             {"state": 3, "good": "g", "bad": "b", "difference": 1.0, "depth": 3, "task_id": "b", "walk": 0}]
+    return {"tasks": ["a", "b"], "split": "test", "walks": 1, "max_depth": 3, "states": 4, "seed": 0,
+            "pairs": pairs, "arms": {"x/none": {"right": [True, False, True, None], "first_shown_picks": 0.5}}}
+
+
+def test_the_bench_tables_are_derived_from_the_saved_verdicts() -> None:
+    from turnopd.orchestration.judge_bench import bench_markdown
+
+    md = bench_markdown(tiny_bench_report())
+    assert "4 pairs: by changes kept 2 at 0, 0 at 1, 1 at 2, 1 at >=3; by |difference| (points) 3 at <2, 0 at 2-5, 1 at >=5" in md
+    # depth 0: 2 of 2 right, Wilson (1 + 1.92/2 -+ 1.96 sqrt(3.84/16)) / (1 + 3.84/2) = [0.342, 1]; depth 2: 0 of 1,
+    # Wilson [0, 0.793]; >= 3 judged nothing; all 2 of 3 verdicts on 4 pairs. Over the tasks: a 1/2, b 1/1: mean 75%,
+    # t(0.975, 1) = 12.706 x sd 0.35355 / sqrt 2 = 3.1765 -> [-242.6, 392.6]
+    assert ("| x/none | 100% [34-100] 2/2 | - | 0% [0-79] 1/1 | - 0/1 | 67% [21-94] 3/4 | 75.0% [-242.6, 392.6] "
+            "(2 tasks) | 50% |") in md
+    # early (0-1 kept): 2 of 2; late: 0 of 1 (the None is no verdict). Only <2 is judged on both sides:
+    # -100 points; a resample without task a has no late verdict and gives no value
+    assert "| x/none | 100% (2) | 0% (1) | -100.0 [-100.0, -100.0] | 100% (1) -> 0% (1) | - (0) -> - (0) | 100% (1) -> - (0) |" in md
+    assert "| x/none | 50% [9-91] 2/3 | - | 100% [21-100] 1/1 | 67% [21-94] 3/4 |" in md  # <2: 1 of 2 verdicts, 3 pairs
+
+
+def test_judge_report_prints_a_saved_reports_tables(tmp_path, capsys) -> None:
+    from turnopd.cli import main
+    from turnopd.orchestration.judge_bench import bench_markdown
+
+    saved = tmp_path / "bench.json"
+    saved.write_text(json.dumps(tiny_bench_report()))
+    assert main(["judge", "report", str(saved)]) == 0
+    assert capsys.readouterr().out.strip() == bench_markdown(tiny_bench_report())
+    (tmp_path / "other.json").write_text("{}")
+    with pytest.raises(SystemExit, match="neither"):
+        main(["judge", "report", str(tmp_path / "other.json")])
+
+
+def test_play_rows_cluster_the_difference_at_the_task() -> None:
+    from turnopd.orchestration.judge_bench import Episode, play_rows
+
+    def ep(task, seed, improvement):
+        return Episode(task, seed, improvement, 1, [improvement], False)
+
+    none = [ep("a", 0, 0.0), ep("b", 0, 2.0), ep("a", 1, 1.0), ep("b", 1, 2.0)]
+    judged = [ep("a", 0, 3.0), ep("b", 0, 0.0), ep("a", 1, 2.0), ep("b", 1, 2.0)]
+    rows, _ = play_rows({"none": none, "judge": judged}, {"none": {"wall_s": 1.0}, "judge": {"wall_s": 1.0}})
+    # per task over the seeds: a (3 + 1) / 2 = 2, b (-2 + 0) / 2 = -1; mean 0.5, sd 2.1213,
+    # half-width 12.706 x 2.1213 / sqrt 2 = 19.059
+    by_task = rows["judge"]["by_task"]
+    assert rows["judge"]["tasks"] == 2 and by_task.value == pytest.approx(0.5)
+    assert by_task.hi - by_task.value == pytest.approx(19.059, abs=1e-3)
+
+
+def test_the_play_table_is_derived_from_the_saved_episodes() -> None:
+    from turnopd.orchestration.judge_bench import play_markdown
+
+    def ep(task, seed, improvement):
+        return {"task_id": task, "seed": seed, "improvement": improvement, "runs": 1, "curve": [improvement], "won": False}
+
+    report = {"tasks": ["a", "b"], "split": "test", "seeds": 2, "k": 4,
+              "episodes": {"none": [ep("a", 0, 0.0), ep("b", 0, 2.0), ep("a", 1, 1.0), ep("b", 1, 2.0)],
+                           "judge": [ep("a", 0, 3.0), ep("b", 0, 0.0), ep("a", 1, 2.0), ep("b", 1, 2.0)]},
+              "clock": {"none": {"wall_s": 1.0},
+                        "judge": {"wall_s": 2.0, "judge_s": 0.5, "turns": 3, "verdicts": 2, "pairs": 6, "overrides": 1}}}
+    md = play_markdown(report)
+    # none: mean 1.25, sd 0.95743, t(0.975, 3) 3.182 -> +-1.523; judge: 1.75, sd 1.25831 -> +-2.002;
+    # by episode: differences 3, -2, 1, 0: 0.5, sd 2.0817 -> +-3.312, detectable (3.182 + 0.978) x 2.0817 / 2 = 4.33;
+    # over the tasks: a 2, b -1: 0.5 +- 19.06, detectable (12.706 + 1.376) x 2.1213 / sqrt 2 = 21.12.
+    # Target 1.25: judge reaches it in 3 of 4 episodes (3, 2, 2), none in 2 (2, 2), each at its first run
+    assert "target +1.25 points" in md
+    assert "| none | +1.25 [-0.27, +2.77] | - | - | - | 0% | 1.0 | 50% | 1.0 | - | - | - | 1 | 0 |" in md
+    assert ("| judge | +1.75 [-0.25, +3.75] | +0.50 [-2.81, +3.81] | +0.50 [-18.56, +19.56] | 4.33 / 21.12 | 0% | 1.0 "
+            "| 75% | 1.0 | 3 | 2/6 | 1 | 2 | 0 |") in md  # judge busy 0.5 s prints as 0
+
+
 @pytest.mark.slow
 def test_bench_walks_run_every_change_and_remember_their_tries() -> None:
     """One real walk of one kept change on a test task (every change of the start a real job): the

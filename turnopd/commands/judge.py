@@ -1,7 +1,7 @@
 """`turnopd judge bench RECIPE`: a judge's selective accuracy and coverage on pairs of changes whose
 outcomes the env gives, by changes kept and memory mode (the confidence-cliff table); `turnopd judge
-play RECIPE`: the recipe's student with and without the judge on held-out tasks (see
-turnopd.orchestration.judge_bench)."""
+play RECIPE`: the recipe's student with and without the judge on held-out tasks; `turnopd judge report
+FILE`: a saved report's tables again, as Markdown (see turnopd.orchestration.judge_bench)."""
 
 from __future__ import annotations
 
@@ -51,6 +51,26 @@ def play(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: {exc}") from None
 
 
+def report(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from turnopd.orchestration.judge_bench import bench_markdown, play_markdown
+
+    for path in args.reports:
+        try:
+            saved = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SystemExit(f"error: {path}: {exc}") from None
+        if "pairs" in saved and "arms" in saved:
+            print(bench_markdown(saved))
+        elif "episodes" in saved and "clock" in saved:
+            print(play_markdown(saved))
+        else:
+            raise SystemExit(f"error: {path} is neither a `judge bench` nor a `judge play` report")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("judge", help="judge changes before running them: the pairwise benchmark, the judged agent")
     judge_sub = p.add_subparsers(dest="judge_command", metavar="ACTION", required=True)
@@ -75,6 +95,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "(teacher_policy)")
     pl.add_argument("--seeds", type=int, default=3, help="seeds per arm (default 3)")
     pl.set_defaults(func=play)
+    r = judge_sub.add_parser("report", help="a saved bench or play report's tables again, as Markdown")
+    r.add_argument("reports", nargs="+", metavar="FILE", help="JSON reports written by judge bench or judge play")
+    r.set_defaults(func=report)
     for a in (b, pl):
         a.add_argument("recipe", help="distillation recipe YAML (e.g. recipes/autoresearch.yaml)")
         a.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotlist overrides, e.g. judge.k=4")

@@ -12,7 +12,10 @@ The benchmark (for an env whose steps report a metric, envs.base.MetricReader: a
 3. Judges. Each judge and memory mode asks each pair in both orders (strict consensus); its memory is
    the walk's attempts before the state (same task, nothing later).
 Reported per arm and depth (0, 1, 2, >= 3 changes kept) and per band: selective accuracy (right
-verdicts / verdicts, a Wilson 95% interval) and coverage (verdicts / pairs).
+verdicts / verdicts, a Wilson 95% interval) and coverage (verdicts / pairs); the mean over the tasks
+with its t interval (pairs of a task share its states: the task is the honest unit); and the cliff
+(Rehearse's: selective accuracy once >= 2 successful changes have accumulated before the pair against
+0-1), stratified by difference band so that a depth where the changes differ less cannot pass for one.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -28,9 +30,6 @@ from contextlib import contextmanager
 from dataclasses import asdict, astuple, dataclass, field
 from pathlib import Path
 from typing import Any
-
-from rich.console import Console
-from rich.table import Table
 
 from envs import make_env_spec
 from envs.base import EnvSpec, MetricReader
@@ -44,6 +43,7 @@ from turnopd.rollout.judge import make_judge
 
 BANDS = ((0.0, 2.0, "<2"), (2.0, 5.0, "2-5"), (5.0, float("inf"), ">=5"))  # |metric difference|, points
 DEPTHS = ("0", "1", "2", ">=3")
+EARLY = ("0", "1")  # successful changes accumulated before the pair: the cliff compares these with the rest
 
 
 @contextmanager
@@ -225,21 +225,72 @@ def task_interval(by_task: dict[str, dict[str, Any]], tasks: list[str]) -> dict[
                                           "min": min(values), "max": max(values), "tasks": len(values)}
 
 
-def cell(row: dict[str, Any]) -> str:
-    if not row["pairs"]:
-        return "-"
-    if not row["verdicts"]:
-        return f"- 0/{row['pairs']}"
-    lo, hi = row["interval"]  # selective accuracy [interval], then coverage as verdicts/pairs
-    return f"{100 * row['selective_accuracy']:.0f}% [{100 * lo:.0f}-{100 * hi:.0f}] {row['verdicts']}/{row['pairs']}"
+def band_weighted_difference(right: list[bool | None], late: list[bool], bands: list[str]) -> float | None:
+    """Late minus early selective accuracy, stratified by difference band: per band b with verdicts both
+    early and late, d_b = right_late,b / verdicts_late,b - right_early,b / verdicts_early,b, averaged
+    with weights w_b = verdicts_early,b + verdicts_late,b; None when no band has both."""
+    total = weight = 0.0
+    for _, _, b in BANDS:
+        groups = [[v for v, is_late, band in zip(right, late, bands, strict=True)
+                   if v is not None and band == b and is_late == side] for side in (False, True)]
+        if all(groups):
+            w = len(groups[0]) + len(groups[1])
+            total += w * (sum(groups[1]) / len(groups[1]) - sum(groups[0]) / len(groups[0]))
+            weight += w
+    return total / weight if weight else None
 
 
-def open_judges(cfg: RunConfig, spec: EnvSpec, bys: list[str], world_model: str | None) -> dict[str, Any]:
+def cliff(right: list[bool | None], depths: list[str], bands: list[str], tasks: list[str],
+          seed: int = 0) -> dict[str, Any]:
+    """The confidence cliff: selective accuracy early (0-1 changes kept before the pair) and late (>= 2),
+    and late - early stratified by band (band_weighted_difference) with its 95% percentile interval from
+    resampling the tasks (a resample with no band judged on both sides gives no value; their count is
+    kept)."""
+    import numpy as np
+
+    from turnopd.analysis.frontier import BOOTSTRAP, percentile_interval
+
+    late = [d not in EARLY for d in depths]
+    sides = {name: [v for v, is_late in zip(right, late, strict=True) if v is not None and is_late == side]
+             for name, side in (("early", False), ("late", True))}
+    by_task: dict[str, list[int]] = defaultdict(list)
+    for i, task in enumerate(tasks):
+        by_task[task].append(i)
+    names, rng, stats = sorted(by_task), np.random.default_rng(seed), []
+    for _ in range(BOOTSTRAP):
+        rows = [i for k in rng.integers(len(names), size=len(names)) for i in by_task[names[k]]]
+        value = band_weighted_difference([right[i] for i in rows], [late[i] for i in rows], [bands[i] for i in rows])
+        if value is not None:
+            stats.append(value)
+    difference = band_weighted_difference(right, late, bands)
+    return {**{f"{name}_verdicts": len(v) for name, v in sides.items()},
+            **{name: sum(v) / len(v) if v else None for name, v in sides.items()},
+            "difference": difference,
+            "interval": percentile_interval(stats) if difference is not None and stats else None,
+            "resamples_without_value": BOOTSTRAP - len(stats)}
+
+
+def builds(models: dict[str, Any]) -> dict[str, Any]:
+    """What made a report's numbers: the code's fingerprint and each model folder's weights' (as a run's
+    start record has them), so that reports of two builds are told apart."""
+    from turnopd import __version__
+    from turnopd.core.source import code_fingerprint
+    from turnopd.models import weights_fingerprint
+
+    return {"code": {"version": __version__, "source": code_fingerprint()},
+            "models": {role: {"path": str(path), "weights": weights_fingerprint(path)} for role, path in models.items()}}
+
+
+def open_judges(cfg: RunConfig, spec: EnvSpec, bys: list[str], world_model: str | None
+                ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The judges by name, and the model folders they read (role -> path)."""
     judges: dict[str, Any] = {}
+    models: dict[str, Any] = {}
     if {"teacher", "teacher_policy"} & set(bys):
         teacher_spec = load_teacher_spec(cfg.teachers[cfg.env.name])
         build_missing_teacher(teacher_spec)  # from its sft_recipe, as `turnopd distill` does
         teacher = make_teacher(teacher_spec)
+        models["teacher"] = teacher_spec.model
         judges |= {by: make_judge(by, cfg, spec, teacher, None) for by in bys if by != "world_model"}
     if "world_model" in bys:
         from turnopd.config import PolicyConfig
@@ -251,28 +302,95 @@ def open_judges(cfg: RunConfig, spec: EnvSpec, bys: list[str], world_model: str 
         judges["world_model"] = make_judge("world_model", cfg, spec, None, WorldModelPool(
             spec, None, model, history_length=meta["history_length"],
             max_observation_tokens=meta["max_observation_tokens"], temperature=0.0, seed=cfg.seed))
-    return judges
+        models["world_model"] = world_model
+    return judges, models
 
 
-def print_bench(console: Console, results: dict[str, Any], tasks: list[str]) -> None:
-    """The tables by depth and by difference band, then each arm's interval over the tasks."""
-    for title, key, labels in (("by changes kept (depth)", "by_depth", DEPTHS),
-                               ("by |metric difference| (points)", "by_band", tuple(b[2] for b in BANDS))):
-        table = Table(title=f"selective accuracy [95% Wilson] and coverage (verdicts/pairs), {title}")
-        table.add_column("judge / memory")
-        for label in (*labels, "all"):
-            table.add_column(label, justify="right")
-        table.add_column("picks of the first shown", justify="right")
-        for arm, r in results.items():
-            share = r["first_shown_picks"]
-            table.add_row(arm, *(cell(r[key][label]) for label in (*labels, "all")),
-                          "-" if share is None else f"{100 * share:.0f}%")
-        console.print(table)
-    for arm, r in results.items():
-        if r["over_tasks"] is not None:
-            i = r["over_tasks"]
-            console.print(f"{arm}: selective accuracy over the {len(tasks)} tasks' means {100 * i['mean']:.1f}% "
-                          f"(95% t [{100 * i['lo']:.1f}, {100 * i['hi']:.1f}], tasks {100 * i['min']:.0f}-{100 * i['max']:.0f}%)")
+def bench_summary(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every figure of the benchmark's tables, per arm, derived from the report's raw record (each
+    pair's depth, band and task; each arm's verdicts), so that a saved report regenerates its tables."""
+    pairs, tasks = report["pairs"], report["tasks"]
+    depths = [depth_label(p["depth"]) for p in pairs]
+    bands = [band_label(p["difference"]) for p in pairs]
+    task_ids = [p["task_id"] for p in pairs]
+    out = {}
+    for arm, raw in report["arms"].items():
+        right = raw["right"]
+        by_task = summarize(right, task_ids, tuple(tasks))
+        out[arm] = {"by_depth": summarize(right, depths, DEPTHS),
+                    "by_band": summarize(right, bands, tuple(b[2] for b in BANDS)),
+                    "by_task": by_task, "over_tasks": task_interval(by_task, tasks),
+                    "cliff": cliff(right, depths, bands, task_ids, report["seed"]),
+                    "first_shown_picks": raw["first_shown_picks"]}
+    return out
+
+
+def _cell(row: dict[str, Any]) -> str:
+    """Selective accuracy [Wilson 95%] then coverage as verdicts/pairs."""
+    if not row["pairs"]:
+        return "-"
+    if not row["verdicts"]:
+        return f"- 0/{row['pairs']}"
+    lo, hi = row["interval"]
+    return f"{100 * row['selective_accuracy']:.0f}% [{100 * lo:.0f}-{100 * hi:.0f}] {row['verdicts']}/{row['pairs']}"
+
+
+def _percent(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def builds_line(report: dict[str, Any]) -> list[str]:
+    """The report's builds as a paragraph (none for a report written before they were recorded)."""
+    if "code" not in report:
+        return []
+    models = ", ".join(f"{role} `{m['weights']}`" for role, m in report["models"].items())
+    return [f"Builds: code `{report['code']['source']}`; {models}.", ""]
+
+
+def bench_markdown(report: dict[str, Any]) -> str:
+    """The benchmark's tables as Markdown (what `judge bench` prints and a results page embeds):
+    by depth with the interval over tasks, the cliff stratified by band, by band."""
+    summary, tasks, pairs = bench_summary(report), report["tasks"], report["pairs"]
+    count = lambda key, labels: ", ".join(f"{sum(key(p) == label for p in pairs)} at {label}" for label in labels)  # noqa: E731
+    band_names = tuple(b[2] for b in BANDS)
+    lines = [*builds_line(report), f"{report['states']} states on {len(tasks)} {report['split']} tasks ({report['walks']} seeded walks a task, up to "
+             f"{report['max_depth']} kept changes), {len(pairs)} pairs: by changes kept "
+             f"{count(lambda p: depth_label(p['depth']), DEPTHS)}; by |difference| (points) "
+             f"{count(lambda p: band_label(p['difference']), band_names)}.", "",
+             "Selective accuracy [95% Wilson, pairs as independent] and coverage (verdicts/pairs) by changes kept "
+             f"before the pair; the mean over the {len(tasks)} tasks with its 95% t interval (the honest unit):", "",
+             "| judge / memory | 0 | 1 | 2 | >= 3 | all | over the tasks | picks of the first shown |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for arm, r in summary.items():
+        o = r["over_tasks"]
+        over = "-" if o is None else (f"{100 * o['mean']:.1f}% [{100 * o['lo']:.1f}, {100 * o['hi']:.1f}] "
+                                      f"({o['tasks']} tasks)")
+        lines.append(f"| {arm} | " + " | ".join(_cell(r["by_depth"][d]) for d in (*DEPTHS, "all"))
+                     + f" | {over} | {_percent(r['first_shown_picks'])} |")
+    lines += ["", "The cliff: selective accuracy with 0-1 successful changes accumulated before the pair (early) "
+              "and >= 2 (late); late - early averaged over the difference bands, weighted by their verdicts "
+              "(a band counts when judged on both sides), with its 95% interval from resampling the tasks:", "",
+              "| judge / memory | early | late | late - early, by band [95%, tasks resampled] | "
+              + " | ".join(f"{b}: early -> late" for b in band_names) + " |",
+              "| --- | ---: | ---: | ---: | " + " | ".join("---:" for _ in band_names) + " |"]
+    for arm, r in summary.items():
+        c, right = r["cliff"], report["arms"][arm]["right"]
+        diff = "-" if c["difference"] is None else (
+            f"{100 * c['difference']:+.1f}" + ("" if c["interval"] is None else
+                                               f" [{100 * c['interval'][0]:+.1f}, {100 * c['interval'][1]:+.1f}]"))
+        per_band = []
+        for b in band_names:
+            side = [[v for v, p in zip(right, pairs, strict=True) if v is not None and band_label(p["difference"]) == b
+                     and (depth_label(p["depth"]) not in EARLY) == late] for late in (False, True)]
+            per_band.append(" -> ".join(f"{_percent(sum(v) / len(v) if v else None)} ({len(v)})" for v in side))
+        lines.append(f"| {arm} | {_percent(c['early'])} ({c['early_verdicts']}) | {_percent(c['late'])} "
+                     f"({c['late_verdicts']}) | {diff} | " + " | ".join(per_band) + " |")
+    lines += ["", "By |metric difference| of the two changes (points):", "",
+              "| judge / memory | " + " | ".join(band_names) + " | all |",
+              "| --- | " + " | ".join("---:" for _ in band_names) + " | ---: |"]
+    for arm, r in summary.items():
+        lines.append(f"| {arm} | " + " | ".join(_cell(r["by_band"][b]) for b in (*band_names, "all")) + " |")
+    return "\n".join(lines)
 
 
 def run_judge_bench(cfg: RunConfig, *, split: str, max_tasks: int | None, walks: int, max_depth: int,
@@ -283,39 +401,32 @@ def run_judge_bench(cfg: RunConfig, *, split: str, max_tasks: int | None, walks:
     if not isinstance(spec, MetricReader):
         raise RecipeError(f"judge bench needs an env whose steps report a metric; {cfg.env.name} reports none")
     tasks = spec.tasks(split)[:max_tasks]
-    judges = open_judges(cfg, spec, bys, world_model or cfg.world_model.path)  # a missing model fails before the jobs
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    judges, models = open_judges(cfg, spec, bys, world_model or cfg.world_model.path)  # a missing model fails before the jobs
     start = time.monotonic()
     with counter("states", len(tasks) * walks * (max_depth + 1)) as advance:  # at most: a walk may end sooner
         states = build_states(spec, tasks, walks, max_depth, cfg.seed, advance)
     pairs = sample_pairs(states, pairs_per_state, cfg.seed)
-    console.print(f"{len(states)} states on {len(tasks)} {split} tasks, {len(pairs)} pairs "
+    print(f"{len(states)} states on {len(tasks)} {split} tasks, {len(pairs)} pairs "
                   f"({time.monotonic() - start:.0f} s)")
     arms = [(by, m) for by in bys for m in (memories if by == "teacher" else ["none"])]  # the others read none
     results: dict[str, Any] = {}
-    depth_keys = [depth_label(states[p.state].depth) for p in pairs]
-    task_keys = [states[p.state].task_id for p in pairs]
-    band_keys = [band_label(p.difference) for p in pairs]
     with counter("pairs judged", len(arms) * len(pairs)) as advance:
         for by, memory in arms:
             right, first_share = asyncio.run(judge_pairs(judges[by], memory, states, pairs,
                                                          cfg.judge.similarity_threshold, cfg.judge.memory_limit, advance))
-            results[f"{by}/{memory}"] = {"by_depth": summarize(right, depth_keys, DEPTHS),
-                                         "by_band": summarize(right, band_keys, tuple(b[2] for b in BANDS)),
-                                         "by_task": (by_task := summarize(right, task_keys, tuple(tasks))),
-                                         # pairs of a task share its states: the task is the unit of an honest interval
-                                         "over_tasks": task_interval(by_task, tasks),
-                                         "first_shown_picks": first_share, "right": right}
-    print_bench(console, results, tasks)
+            results[f"{by}/{memory}"] = {"right": right, "first_shown_picks": first_share}
     report = {"recipe": cfg.name, "split": split, "tasks": tasks, "walks": walks, "max_depth": max_depth,
               "pairs_per_state": pairs_per_state, "seed": cfg.seed, "states": len(states),
-              "pairs": [asdict(p) | {"depth": states[p.state].depth, "task_id": states[p.state].task_id} for p in pairs],
+              "pairs": [asdict(p) | {"depth": states[p.state].depth, "task_id": states[p.state].task_id,
+                                     "walk": states[p.state].walk} for p in pairs],
               "threshold": cfg.judge.similarity_threshold, "memory_limit": cfg.judge.memory_limit,
-              "arms": results, "wall_time_s": time.monotonic() - start}
+              "arms": results, "wall_time_s": time.monotonic() - start, **builds(models)}
+    print(bench_markdown(report), flush=True)
+    report["summary"] = bench_summary(report)  # the tables' figures, for readers of the JSON
     path = Path(output or Path(cfg.output_dir) / "judge_bench" / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1))
-    console.print(f"wrote {path}")
+    print(f"wrote {path}")
     return report
 
 
@@ -355,8 +466,10 @@ def runs_to_reach(episode: Episode, target: float) -> int | None:
 def play_rows(episodes: dict[str, list[Episode]], clock: dict[str, dict[str, float]]
               ) -> tuple[dict[str, dict[str, Any]], float]:
     """Per arm: the final improvement's mean and 95% t interval, won share, real runs, the paired
-    difference against `none` and the smallest effect it could detect, the share of episodes that
-    reached `none`'s mean final improvement (the target, returned) and their runs to reach it."""
+    difference against `none` (t over episodes, and t over tasks of each task's mean difference over
+    the seeds: a task's episodes share its jobs) with the smallest effect it could detect, the share of
+    episodes that reached `none`'s mean final improvement (the target, returned) and their runs to
+    reach it."""
     from turnopd.analysis.frontier import detectable_effect, t_interval
 
     baseline = episodes["none"]
@@ -364,34 +477,47 @@ def play_rows(episodes: dict[str, list[Episode]], clock: dict[str, dict[str, flo
     rows = {}
     for arm, played in episodes.items():
         diffs = [e.improvement - b.improvement for e, b in zip(played, baseline, strict=True)]
+        per_task: dict[str, list[float]] = defaultdict(list)
+        for e, d in zip(played, diffs, strict=True):
+            per_task[e.task_id].append(d)
+        task_means = [sum(v) / len(v) for v in per_task.values()]
         hit = [r for e in played if (r := runs_to_reach(e, target)) is not None]
         rows[arm] = {"improvement": t_interval([e.improvement for e in played]),
                      "won": sum(e.won for e in played) / len(played), "runs": sum(e.runs for e in played) / len(played),
                      "difference": t_interval(diffs), "detectable": detectable_effect(diffs) if arm != "none" else None,
+                     "by_task": t_interval(task_means), "tasks": len(task_means),
+                     "detectable_by_task": detectable_effect(task_means) if arm != "none" else None,
                      "reached": len(hit) / len(played), "runs_to_reach": sum(hit) / len(hit) if hit else None,
                      **clock[arm]}
     return rows, target
 
 
-def play_table(rows: dict[str, dict[str, Any]], target: float, title: str) -> Table:
-    table = Table(title=f"{title}; target {target:+.2f} points (none's mean final improvement)")
-    for column in ("arm", "final improvement [95% t]", "vs none [95% t]", "detectable", "won", "real runs",
-                   "reached target", "runs to reach", "judged turns", "verdicts/pairs", "overrides", "wall s",
-                   "judge s"):
-        table.add_column(column, justify="left" if column == "arm" else "right")
+def play_markdown(report: dict[str, Any]) -> str:
+    """judge play's table as Markdown, derived from the report's episodes and clocks (what the command
+    prints and a results page embeds)."""
+    episodes = {arm: [Episode(**e) for e in played] for arm, played in report["episodes"].items()}
+    rows, target = play_rows(episodes, report["clock"])
 
     def interval(i: Any) -> str:
         return "-" if i is None else f"{i.value:+.2f} [{i.lo:+.2f}, {i.hi:+.2f}]"
 
+    n = len(report["tasks"])
+    lines = [*builds_line(report), f"{n} {report['split']} tasks x {report['seeds']} seeds, k = {report['k']} candidates a turn; target "
+             f"{target:+.2f} points (none's mean final improvement):", "",
+             "| arm | final improvement [95% t] | vs none, by episode [95% t] | vs none, over the tasks [95% t] | "
+             "detectable (episodes / tasks) | won | real runs | reached target | runs to reach | judged turns | "
+             "verdicts / pairs | overrides | wall s | judge busy s |",
+             "| --- |" + " ---: |" * 13]
     for arm, r in rows.items():
-        table.add_row(arm, interval(r["improvement"]), "-" if arm == "none" else interval(r["difference"]),
-                      "-" if r["detectable"] is None else f"{r['detectable']:.2f}", f"{100 * r['won']:.0f}%",
-                      f"{r['runs']:.1f}", f"{100 * r['reached']:.0f}%",
-                      "-" if r["runs_to_reach"] is None else f"{r['runs_to_reach']:.1f}", str(r.get("turns", "-")),
-                      f"{r['verdicts']}/{r['pairs']}" if "pairs" in r else "-", str(r.get("overrides", "-")),
-                      f"{r['wall_s']:.0f}",
-                      f"{r.get('judge_s', 0.0):.0f}")
-    return table
+        base = arm == "none"
+        detectable = "-" if base else f"{r['detectable']:.2f} / {r['detectable_by_task']:.2f}"
+        lines.append(" | ".join([
+            f"| {arm}", interval(r["improvement"]), "-" if base else interval(r["difference"]),
+            "-" if base else interval(r["by_task"]), detectable, _percent(r["won"]), f"{r['runs']:.1f}",
+            _percent(r["reached"]), "-" if r["runs_to_reach"] is None else f"{r['runs_to_reach']:.1f}",
+            str(r.get("turns", "-")), f"{r['verdicts']}/{r['pairs']}" if "pairs" in r else "-",
+            str(r.get("overrides", "-")), f"{r['wall_s']:.0f}", f"{r.get('judge_s', 0.0):.0f} |"]))
+    return "\n".join(lines)
 
 
 def play_arm(cfg: RunConfig, spec: EnvSpec, pool: Any, policy: Any, tasks: list[str], seeds: int, arm: str,
@@ -448,21 +574,18 @@ def run_judge_play(cfg: RunConfig, *, split: str, max_tasks: int | None, seeds: 
     tasks = spec.tasks(split)[:max_tasks]
     policy = make_policy(cfg.policy, str(setup.student_path), seed=cfg.seed)
     teacher = make_teacher(setup.teacher_specs[cfg.env.name]) if any(a != "none" for a in arms) else None
-    console = Console(width=None if sys.stdout.isatty() else 200)
     episodes: dict[str, list[Episode]] = {a: [] for a in arms}
     clock: dict[str, dict[str, float]] = {}
     with EnvPool.for_config(spec, cfg.env) as pool, counter("episodes", seeds * len(arms) * len(tasks)) as advance:
         for arm in arms:
             episodes[arm], clock[arm] = play_arm(cfg, spec, pool, policy, tasks, seeds, arm, teacher, advance)
-    rows, target = play_rows(episodes, clock)
-    console.print(play_table(rows, target, f"{len(tasks)} {split} tasks x {seeds} seeds"))
     report = {"recipe": cfg.name, "split": split, "tasks": tasks, "seeds": seeds, "k": cfg.judge.k,
-              "temperature": cfg.judge.temperature, "target": target,
-              "rows": {a: {k: (asdict(v) if hasattr(v, "__dataclass_fields__") else v) for k, v in r.items()}
-                       for a, r in rows.items()},
+              "temperature": cfg.judge.temperature, "clock": clock,
+              **builds({"student": setup.student_path} | {"teacher": setup.teacher_specs[cfg.env.name].model}),
               "episodes": {a: [asdict(e) for e in played] for a, played in episodes.items()}}
+    print(play_markdown(report), flush=True)
     path = Path(output or Path(cfg.output_dir) / "judge_play" / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1))
-    console.print(f"wrote {path}")
+    print(f"wrote {path}")
     return report
