@@ -30,13 +30,16 @@ Design (fixed before the runs; docs/results/2026-12-05-autoresearch-frontier.md)
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from frontier_alfworld import complete_runs, debiasing_table, save_runs
+from frontier_alfworld import by_task, complete_runs, debiasing_table, points, save_runs
+
+from turnopd.analysis.frontier import Interval, compare, group_runs, load_run, mixed_builds, reach, t_interval
 
 WORLD_MODEL = "runs/world_models/autoresearch"  # recipes/autoresearch/world_model_job.yaml's output_dir
 # Every regime's shared settings: the job model's WMRL schedule scaled to runs of ~10-60 steps
@@ -110,6 +113,82 @@ def bias_over_training(runs_dir: Path) -> None:
         print(f"| {step} | {len(fitted)} of {len(records)} | {before} | {after} | {weight} |")
 
 
+# docs/results/autoresearch-30-design.md's primary comparisons: (arm, its baseline)
+COMPARISONS_30 = (("vanilla_opd_world_model_reward", "vanilla_opd_reward"),
+                  ("vanilla_opd_world_model_wmrl", "vanilla_opd_reward"), ("turnopd", "vanilla_opd"))
+
+
+def called(seeds: Interval, tasks: Interval | None) -> str:
+    """The design's rule: a difference is called only when both intervals (over seeds, over tasks)
+    exclude 0 on the same side."""
+    for sign, word in ((1, "ahead"), (-1, "behind")):
+        if sign * seeds.lo > 0 and tasks is not None and sign * tasks.lo > 0 and sign * tasks.hi > 0:
+            return word
+    return "no difference at this power"
+
+
+def tables_30(regime: str, runs_dir: Path) -> str:
+    """A 30-task regime's results tables from its complete runs (docs/results/autoresearch-30-design.md):
+    the checks (one build of the code and each model, the teacher's lead at the start, the budgets),
+    each arm's start, final and work, the primary comparisons paired by seed and clustered at the task,
+    and the real executions each arm needed to reach vanilla OPD's final accuracy."""
+    runs = [run for p in sorted(runs_dir.glob("*/metrics.jsonl")) if (run := load_run(p.parent)).complete]
+    if not runs:
+        raise SystemExit(f"no complete runs under {runs_dir}")
+    groups = {group.method: group for group in group_runs(runs)}
+    codes = sorted({run.code or "not recorded" for run in runs})
+    starts = [run.evals[0].avg_at_k for run in runs if run.evals and run.evals[0].step == 0]
+    teachers = [run.teacher for run in runs if run.teacher is not None]
+    budgets = [run.budget for run in runs if run.budget]
+    unit = budgets[0]["unit"] if budgets else None
+    over = [b["spent"] - b["amount"] for b in budgets]
+    lines = [f"- Complete runs: {len(runs)}; seeds per arm: "
+             + "; ".join(f"{m} {len(g.runs)}" for m, g in groups.items()) + ".",
+             f"- Builds: code {', '.join(codes)}; models: " + ("; ".join(mixed_builds(runs)) or "one build of each (" + ", ".join(
+                 f"{role} {model['weights']}" for role, model in runs[0].models.items()) + ")") + ".",
+             f"- At the start: the student {100 * statistics.fmean(starts):.1f}% (range {100 * min(starts):.1f}-"
+             f"{100 * max(starts):.1f}, {len(starts)} runs), the teacher {100 * statistics.fmean(teachers):.1f}% "
+             f"(range {100 * min(teachers):.1f}-{100 * max(teachers):.1f}, {len(teachers)} runs)."
+             if starts and teachers else "- At the start: not evaluated in these runs.",
+             f"- Budgets ({unit}): {len(budgets)} of {len(runs)} runs ended by theirs, past it by "
+             f"{min(over, default=0):+.0f} to {max(over, default=0):+.0f}.", "",
+             "| arm | seeds | final Avg@1 [t 95%] | real env steps | world-model steps | optimizer steps | training clock (s) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for method, group in groups.items():
+        final = t_interval([run.final.avg_at_k for run in group.runs])
+        interval = "-" if final is None else f"{100 * final.value:.1f} [{100 * final.lo:.1f}, {100 * final.hi:.1f}]"
+        env = statistics.fmean(run.work_by(math.inf)["env_steps"] for run in group.runs)
+        model = statistics.fmean(sum(t.world_model_steps or 0 for t in run.train) for run in group.runs)
+        steps = statistics.fmean(len(run.train) for run in group.runs)
+        clock = statistics.fmean(run.train_time_s for run in group.runs)
+        lines.append(f"| {method} | {len(group.runs)} | {interval} | {env:.0f} | {model:.0f} | {steps:.1f} | {clock:.0f} |")
+    lines += ["", "| comparison (paired) | seeds | difference, points [t 95% over seeds] | detectable | "
+                  "over the tasks [t 95%] | called (both intervals) |", "| --- | ---: | ---: | ---: | ---: | --- |"]
+    for arm, base in COMPARISONS_30:
+        if arm not in groups or base not in groups:
+            continue
+        row = next(r for r in compare(runs, baseline=groups[base].label).rows if r.group.method == arm)
+        d, tasks = row.by_seed.difference, by_task(groups[arm].runs, groups[base].runs)
+        if d is None:
+            continue
+        lines.append(f"| {arm} - {base} | {len(row.by_seed.seeds)} | {points(d)} | {100 * row.by_seed.detectable:.1f} | "
+                     f"{'-' if tasks is None else points(tasks)} | {called(d, tasks)} |")
+    reference = compare(runs, baseline=groups["vanilla_opd"].label) if "vanilla_opd" in groups else None
+    along_the_way = all(len(run.evals) > 2 for run in runs)  # equal clock evaluates at the start and end only
+    if reference is not None and reference.target is not None and along_the_way:
+        lines += ["", f"Real executions to reach vanilla OPD's final greedy Avg@1 ({100 * reference.target:.1f}%, "
+                      "the seed-mean curves; ratio = vanilla's executions / the arm's, 95% over resampled seeds):", "",
+                  "| arm | executions to reach it | ratio [95%] | resamples where both reach it |", "| --- | ---: | ---: | ---: |"]
+        for row in reference.rows:
+            _, work = reach(row.group.runs, reference.target)
+            r = row.work_ratio.get("env_steps")
+            executions = "not reached" if work is None else f"{work['env_steps']:.0f}"
+            lines.append(f"| {row.group.method} | {executions} | "
+                         f"{'-' if r is None else f'{r.value:.2f}x [{r.lo:.2f}, {r.hi:.2f}]'} | "
+                         f"{'-' if row.reached_share is None else f'{100 * row.reached_share:.0f}%'} |")
+    return "\n".join(lines) + "\n"
+
+
 def print_tables(runs_dir: Path) -> None:
     work_table(runs_dir)
     debiasing_table(runs_dir)
@@ -125,10 +204,15 @@ def main() -> int:
     p.add_argument("--save-to", default="benchmarks/results/frontier_autoresearch",
                    help="where each complete run's metrics.jsonl and config.yaml are copied")
     p.add_argument("--tables", metavar="DIR", help="only print the work, debiasing and bias tables of the runs in DIR")
+    p.add_argument("--page", metavar="REGIME", help="print a 30-task regime's results tables from its saved runs "
+                   "(under --save-to) and run nothing")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides for every run")
     args = p.parse_args()
     if args.tables:
         print_tables(Path(args.tables))
+        return 0
+    if args.page:
+        print(tables_30(args.page, Path(args.save_to) / args.page), end="")
         return 0
     unknown = sorted(set(args.regimes.split(",")) - set(REGIMES))
     if unknown:

@@ -248,3 +248,27 @@ def test_trls_parts_are_timed_around_its_calls_with_the_teacher_taken_out_of_the
     assert parts.steps == [{"generation": 2.0, "teacher": 1.0, "student forward and loss": 2.0, "backward": 4.0,
                             "optimizer": 0.5}]
     assert parts.current == {}
+
+
+def test_a_30_task_difference_is_called_only_when_both_intervals_exclude_zero():
+    from frontier_autoresearch import called
+
+    from turnopd.analysis.frontier import Interval
+
+    assert called(Interval(0.1, 0.02, 0.2), Interval(0.1, 0.01, 0.2)) == "ahead"
+    assert called(Interval(-0.1, -0.2, -0.02), Interval(-0.1, -0.3, -0.01)) == "behind"
+    assert called(Interval(0.1, 0.02, 0.2), Interval(0.1, -0.01, 0.2)) == "no difference at this power"  # tasks: 0 inside
+    assert called(Interval(0.1, -0.02, 0.2), Interval(0.1, 0.01, 0.2)) == "no difference at this power"  # seeds: 0 inside
+    assert called(Interval(0.1, 0.02, 0.2), None) == "no difference at this power"
+
+
+def test_the_30_task_tables_read_the_first_regimes_saved_runs():
+    """On the 2026-12-05 equal-executions runs (6 tasks, 3 seeds): the budget overshoot the issue found
+    by hand (201-228 real env steps against 192), and the arms' rows."""
+    from frontier_autoresearch import tables_30
+
+    tables = tables_30("equal_executions", BENCHMARKS / "results" / "frontier_autoresearch" / "equal_executions")
+    assert "- Budgets (env_steps): 12 of 12 runs ended by theirs, past it by +9 to +36." in tables
+    assert "- At the start: not evaluated in these runs." in tables
+    assert "| vanilla_opd_world_model_reward - vanilla_opd_reward | 3 |" in tables
+    assert "Real executions to reach" not in tables  # these runs evaluated at the end only
