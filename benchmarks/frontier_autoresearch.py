@@ -42,6 +42,12 @@ from frontier_alfworld import by_task, complete_runs, debiasing_table, points, s
 from turnopd.analysis.frontier import Interval, compare, group_runs, load_run, mixed_builds, reach, t_interval
 
 WORLD_MODEL = "runs/world_models/autoresearch"  # recipes/autoresearch/world_model_job.yaml's output_dir
+# The 30-task regimes' builds, kept in the repository: a machine emptied between sittings would
+# otherwise build them again, differently (the expert's jobs, hence its demonstrations, differ a little
+# from one machine to the next), and its runs could not join the earlier ones
+BUILDS = Path(__file__).parent / "results" / "frontier_autoresearch" / "builds"
+BUILD_FOLDERS = {"teacher": "runs/teachers/autoresearch", "job_model": WORLD_MODEL,
+                 "student": "~/.cache/turnopd/models/autoresearch-student-sft50"}
 # Every regime's shared settings: the job model's WMRL schedule scaled to runs of ~10-60 steps
 SHARED = ["env.options.disk_cache=false", "trainer.episodes_per_step=4", "trainer.group_size=2",
           "objective.estimator=k1", "checkpoint.every=8", "tracking=[]",
@@ -65,6 +71,26 @@ REGIMES = {  # regime -> (its arms, its overrides)
     "equal_clock_30": (ARMS_30, [*ON_30, "trainer.budget.unit=train_time_s", "trainer.budget.amount=240",
                                  "eval.every=0"]),
 }
+
+
+def sync_builds() -> None:
+    """Each build of BUILD_FOLDERS: copied from BUILDS where the folder is missing, copied to BUILDS
+    where the folder exists and BUILDS has none; where both exist their weights must be the same."""
+    import shutil
+
+    from turnopd.models import weights_fingerprint
+
+    for name, folder in BUILD_FOLDERS.items():
+        saved, live = BUILDS / name, Path(folder).expanduser()
+        if saved.is_dir() and not live.exists():
+            shutil.copytree(saved, live)
+            print(f"== {name}: restored {live} from {saved}", flush=True)
+        elif live.is_dir() and not saved.exists():
+            shutil.copytree(live, saved, ignore=shutil.ignore_patterns("*.tmp", "__pycache__"))
+            print(f"== {name}: saved {live} to {saved} (commit it)", flush=True)
+        elif live.is_dir() and weights_fingerprint(live) != weights_fingerprint(saved):
+            raise SystemExit(f"{live} is not the build saved in {saved} (weights {weights_fingerprint(live)} against "
+                             f"{weights_fingerprint(saved)}): move it aside to use the saved one")
 
 
 def work_table(runs_dir: Path) -> None:
@@ -218,10 +244,15 @@ def main() -> int:
     if unknown:
         p.error(f"unknown regimes {unknown}; known: {', '.join(REGIMES)}")
     start, code = time.perf_counter(), 0
+    on_30 = any(regime.endswith("_30") for regime in args.regimes.split(","))
+    if on_30:
+        sync_builds()
     if not Path(WORLD_MODEL, "world_model.json").is_file():
         print(f"== building the job model {WORLD_MODEL}", flush=True)
         code = subprocess.call([sys.executable, "-m", "turnopd.cli", "world-model", "train",
                                 "recipes/autoresearch/world_model_job.yaml"])
+        if on_30:
+            sync_builds()
     for regime in args.regimes.split(","):
         out_dir = Path(args.out_dir) / regime
         arms, overrides = REGIMES[regime]
@@ -230,6 +261,8 @@ def main() -> int:
                    "--md", "--out", str(out_dir / "frontier.png"), *overrides, *args.overrides]
         print(f"== regime {regime}\n$ " + " ".join(command), flush=True)
         code = subprocess.call(command) or code
+        if on_30:
+            sync_builds()  # a student or teacher the first run built
         print_tables(out_dir)
         save_runs(out_dir, Path(args.save_to) / regime)
     print(f"experiment finished in {(time.perf_counter() - start) / 60:.1f} min (exit {code})")

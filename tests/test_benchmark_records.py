@@ -272,3 +272,22 @@ def test_the_30_task_tables_read_the_first_regimes_saved_runs():
     assert "- At the start: not evaluated in these runs." in tables
     assert "| vanilla_opd_world_model_reward - vanilla_opd_reward | 3 |" in tables
     assert "Real executions to reach" not in tables  # these runs evaluated at the end only
+
+
+def test_the_30_task_builds_are_saved_restored_and_never_mixed(tmp_path, monkeypatch):
+    import frontier_autoresearch
+
+    saved, live = tmp_path / "builds", tmp_path / "live"
+    monkeypatch.setattr(frontier_autoresearch, "BUILDS", saved)
+    monkeypatch.setattr(frontier_autoresearch, "BUILD_FOLDERS", {"teacher": str(live / "teacher")})
+    (live / "teacher").mkdir(parents=True)
+    (live / "teacher" / "model.safetensors").write_bytes(b"weights one")
+    frontier_autoresearch.sync_builds()  # saved: the live build, copied
+    assert (saved / "teacher" / "model.safetensors").read_bytes() == b"weights one"
+    (live / "teacher" / "model.safetensors").unlink()
+    (live / "teacher").rmdir()
+    frontier_autoresearch.sync_builds()  # restored where the folder is missing
+    assert (live / "teacher" / "model.safetensors").read_bytes() == b"weights one"
+    (live / "teacher" / "model.safetensors").write_bytes(b"weights two")  # another build in the folder
+    with pytest.raises(SystemExit, match="is not the build saved"):
+        frontier_autoresearch.sync_builds()
