@@ -76,9 +76,14 @@ REGIMES = {  # regime -> (its arms, its overrides)
 def sync_builds() -> None:
     """Each build of BUILD_FOLDERS: copied from BUILDS where the folder is missing, copied to BUILDS
     where the folder exists and BUILDS has none; where both exist their weights must be the same."""
+    import hashlib
     import shutil
 
-    from turnopd.models import weights_fingerprint
+    def weights_fingerprint(folder: Path) -> str:  # the model's weights, the job model's torch file among them
+        digest = hashlib.sha256()
+        for file in sorted(f for f in folder.iterdir() if f.suffix in (".safetensors", ".bin", ".pt")):
+            digest.update(file.name.encode() + b"\0" + file.read_bytes())
+        return digest.hexdigest()[:16]
 
     for name, folder in BUILD_FOLDERS.items():
         saved, live = BUILDS / name, Path(folder).expanduser()

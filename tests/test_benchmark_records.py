@@ -291,3 +291,10 @@ def test_the_30_task_builds_are_saved_restored_and_never_mixed(tmp_path, monkeyp
     (live / "teacher" / "model.safetensors").write_bytes(b"weights two")  # another build in the folder
     with pytest.raises(SystemExit, match="is not the build saved"):
         frontier_autoresearch.sync_builds()
+    monkeypatch.setattr(frontier_autoresearch, "BUILD_FOLDERS", {"job_model": str(live / "job_model")})
+    (live / "job_model").mkdir()
+    (live / "job_model" / "job_model.pt").write_bytes(b"ensemble one")
+    frontier_autoresearch.sync_builds()
+    (live / "job_model" / "job_model.pt").write_bytes(b"ensemble two")  # the job model's torch file counts too
+    with pytest.raises(SystemExit, match="is not the build saved"):
+        frontier_autoresearch.sync_builds()
