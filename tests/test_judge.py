@@ -418,6 +418,24 @@ def test_the_play_table_is_derived_from_the_saved_episodes() -> None:
             "| 75% | 1.0 | 3 | 2/6 | 1 | 2 | 0 |") in md  # judge busy 0.5 s prints as 0
 
 
+def test_the_judge_page_tables_are_the_saved_reports() -> None:
+    """docs/results/2026-12-07-judge.md embeds `turnopd judge report`'s output for each saved report;
+    a table edited by hand, or a report changed under it, fails here."""
+    from pathlib import Path
+
+    from turnopd.orchestration.judge_bench import bench_markdown, play_markdown
+
+    repo = Path(__file__).resolve().parents[1]
+    page = (repo / "docs" / "results" / "2026-12-07-judge.md").read_text()
+    saved = repo / "benchmarks" / "results" / "judge"
+    bench = json.loads((saved / "bench_test15.json").read_text())
+    play = json.loads((saved / "play_test30.json").read_text())
+    assert bench_markdown(bench) in page and play_markdown(play) in page
+    # the figures the page's words quote
+    assert "| world_model/none | 79% (693) | 67% (919) | -12.5 [-18.9, -5.8] |" in page
+    assert "71.5% [65.4, 77.7] (15 tasks)" in page and "| policy | +17.78 [+14.52, +21.03] | -0.23 [-0.51, +0.04] | -0.23 [-0.52, +0.05] |" in page
+
+
 @pytest.mark.slow
 def test_bench_walks_run_every_change_and_remember_their_tries() -> None:
     """One real walk of one kept change on a test task (every change of the start a real job): the
@@ -439,3 +457,39 @@ def test_bench_walks_run_every_change_and_remember_their_tries() -> None:
     assert [a.worked for a in tries] == [False] * (len(tries) - 1) + [True] and tries[-1].change == states[1].path[0]
     assert all(a.after == start.results[a.change][0] and a.order == (0, i) for i, a in enumerate(tries))
     assert states[1].observation.startswith(f"Ran {states[1].path[0].split()[1]}=")
+
+
+@pytest.mark.slow
+def test_judge_bench_and_play_end_to_end_and_their_reports_give_their_tables_again(tmp_path, tiny_model_dir, capsys) -> None:
+    """The real commands on one test task (real jobs), the tiny model as teacher and student: each
+    report holds every pair's verdict or every episode, the builds, and `judge report` prints the
+    tables the command printed."""
+    from turnopd.cli import main
+    from turnopd.models import weights_fingerprint
+
+    (tmp_path / "teacher.yaml").write_text(f"name: tiny\nmodel: {tiny_model_dir}\nbackend: transformers\n"
+                                           "dtype: float32\nmax_length: 2048\n")
+    common = ["recipes/autoresearch.yaml", f"teachers.autoresearch={tmp_path / 'teacher.yaml'}",
+              "env.options.disk_cache=false", "--max-tasks", "1"]
+    bench = tmp_path / "bench.json"
+    assert main(["judge", "bench", *common, "--by", "teacher,teacher_policy", "--memory", "none,focused",
+                 "--walks", "1", "--max-depth", "1", "--pairs-per-state", "4", "-o", str(bench)]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(bench.read_text())
+    assert set(report["arms"]) == {"teacher/none", "teacher/focused", "teacher_policy/none"}
+    assert 0 < len(report["pairs"]) <= 4 * report["states"] and report["states"] <= 2
+    assert all(len(arm["right"]) == len(report["pairs"]) for arm in report["arms"].values())
+    assert report["models"]["teacher"]["weights"] == weights_fingerprint(tiny_model_dir) and report["code"]["source"]
+    assert main(["judge", "report", str(bench)]) == 0
+    assert capsys.readouterr().out.strip() in printed
+
+    play = tmp_path / "play.json"
+    assert main(["judge", "play", *common, f"student.path={tiny_model_dir}", "env.max_turns=3", "--arms", "none,policy",
+                 "--seeds", "1", "-o", str(play)]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(play.read_text())
+    assert [len(report["episodes"][arm]) for arm in ("none", "policy")] == [1, 1]
+    assert report["clock"]["policy"]["verdicts"] <= report["clock"]["policy"]["pairs"]
+    assert report["models"]["student"]["weights"] == weights_fingerprint(tiny_model_dir)
+    assert main(["judge", "report", str(play)]) == 0
+    assert capsys.readouterr().out.strip() in printed

@@ -225,19 +225,33 @@ def task_interval(by_task: dict[str, dict[str, Any]], tasks: list[str]) -> dict[
                                           "min": min(values), "max": max(values), "tasks": len(values)}
 
 
-def band_weighted_difference(right: list[bool | None], late: list[bool], bands: list[str]) -> float | None:
+def band_counts(right: list[bool | None], late: list[bool], bands: list[str]) -> Any:
+    """Per band (BANDS order) and side (early, late): right verdicts and verdicts, an int array [3, 2, 2]."""
+    import numpy as np
+
+    counts = np.zeros((len(BANDS), 2, 2), dtype=np.int64)
+    index = {label: i for i, (_, _, label) in enumerate(BANDS)}
+    for v, is_late, band in zip(right, late, bands, strict=True):
+        if v is not None:
+            counts[index[band], int(is_late)] += (int(v), 1)
+    return counts
+
+
+def counts_difference(counts: Any) -> float | None:
     """Late minus early selective accuracy, stratified by difference band: per band b with verdicts both
     early and late, d_b = right_late,b / verdicts_late,b - right_early,b / verdicts_early,b, averaged
     with weights w_b = verdicts_early,b + verdicts_late,b; None when no band has both."""
     total = weight = 0.0
-    for _, _, b in BANDS:
-        groups = [[v for v, is_late, band in zip(right, late, bands, strict=True)
-                   if v is not None and band == b and is_late == side] for side in (False, True)]
-        if all(groups):
-            w = len(groups[0]) + len(groups[1])
-            total += w * (sum(groups[1]) / len(groups[1]) - sum(groups[0]) / len(groups[0]))
-            weight += w
-    return total / weight if weight else None
+    for (right_early, early), (right_late, late) in counts:
+        if early and late:
+            total += (early + late) * (right_late / late - right_early / early)
+            weight += early + late
+    return float(total / weight) if weight else None
+
+
+def band_weighted_difference(right: list[bool | None], late: list[bool], bands: list[str]) -> float | None:
+    """counts_difference of the pairs' verdicts (right: None for no verdict; late: >= 2 changes kept)."""
+    return counts_difference(band_counts(right, late, bands))
 
 
 def cliff(right: list[bool | None], depths: list[str], bands: list[str], tasks: list[str],
@@ -253,13 +267,12 @@ def cliff(right: list[bool | None], depths: list[str], bands: list[str], tasks: 
     late = [d not in EARLY for d in depths]
     sides = {name: [v for v, is_late in zip(right, late, strict=True) if v is not None and is_late == side]
              for name, side in (("early", False), ("late", True))}
-    by_task: dict[str, list[int]] = defaultdict(list)
-    for i, task in enumerate(tasks):
-        by_task[task].append(i)
-    names, rng, stats = sorted(by_task), np.random.default_rng(seed), []
+    names = sorted(set(tasks))
+    per_task = np.stack([band_counts(*zip(*[(v, lt, b) for v, lt, b, t in zip(right, late, bands, tasks, strict=True)
+                                            if t == name], strict=True)) for name in names])
+    rng, stats = np.random.default_rng(seed), []
     for _ in range(BOOTSTRAP):
-        rows = [i for k in rng.integers(len(names), size=len(names)) for i in by_task[names[k]]]
-        value = band_weighted_difference([right[i] for i in rows], [late[i] for i in rows], [bands[i] for i in rows])
+        value = counts_difference(per_task[rng.integers(len(names), size=len(names))].sum(axis=0))
         if value is not None:
             stats.append(value)
     difference = band_weighted_difference(right, late, bands)
