@@ -416,6 +416,8 @@ def test_the_play_table_is_derived_from_the_saved_episodes() -> None:
     assert "| none | +1.25 [-0.27, +2.77] | - | - | - | 0% | 1.0 | 50% | 1.0 | - | - | - | 1 | 0 |" in md
     assert ("| judge | +1.75 [-0.25, +3.75] | +0.50 [-2.81, +3.81] | +0.50 [-18.56, +19.56] | 4.33 / 21.12 | 0% | 1.0 "
             "| 75% | 1.0 | 3 | 2/6 | 1 | 2 | 0 |") in md  # judge busy 0.5 s prints as 0
+    one = report | {"tasks": ["a"], "seeds": 1, "episodes": {arm: eps[:1] for arm, eps in report["episodes"].items()}}
+    assert "| judge | - | - | - | - / - | 0% |" in play_markdown(one)  # one episode: no interval, nothing detectable
 
 
 def test_the_judge_page_tables_are_the_saved_reports() -> None:
@@ -460,15 +462,24 @@ def test_bench_walks_run_every_change_and_remember_their_tries() -> None:
 
 
 @pytest.mark.slow
-def test_judge_bench_and_play_end_to_end_and_their_reports_give_their_tables_again(tmp_path, tiny_model_dir, capsys) -> None:
-    """The real commands on one test task (real jobs), the tiny model as teacher and student: each
-    report holds every pair's verdict or every episode, the builds, and `judge report` prints the
-    tables the command printed."""
+def test_judge_bench_and_play_end_to_end_and_their_reports_give_their_tables_again(tmp_path, capsys) -> None:
+    """The real commands on one test task (real jobs), a tiny model (its tokenizer built from the
+    env's own text, so that a prompt fits its context) as teacher and student: each report holds
+    every pair's verdict or every episode, the builds, and `judge report` prints the tables the
+    command printed."""
     from turnopd.cli import main
     from turnopd.models import weights_fingerprint
+    from turnopd.models.tiny import build_tiny_model
 
+    spec = AutoresearchSpec(EnvConfig(name="autoresearch"))
+    env = spec.make()
+    start = env.reset("digits-mlp-s10")
+    texts = [start.observation, start.info.get("task", ""), " ".join(start.admissible or [])]
+    env.close()
+    tiny_model_dir = build_tiny_model(tmp_path / "tiny", texts, seed=0, hidden_size=64, num_layers=2, num_heads=2,
+                                      max_position_embeddings=8192)
     (tmp_path / "teacher.yaml").write_text(f"name: tiny\nmodel: {tiny_model_dir}\nbackend: transformers\n"
-                                           "dtype: float32\nmax_length: 2048\n")
+                                           "dtype: float32\nmax_length: 8192\n")
     common = ["recipes/autoresearch.yaml", f"teachers.autoresearch={tmp_path / 'teacher.yaml'}",
               "env.options.disk_cache=false", "--max-tasks", "1"]
     bench = tmp_path / "bench.json"
@@ -485,10 +496,10 @@ def test_judge_bench_and_play_end_to_end_and_their_reports_give_their_tables_aga
 
     play = tmp_path / "play.json"
     assert main(["judge", "play", *common, f"student.path={tiny_model_dir}", "env.max_turns=3", "--arms", "none,policy",
-                 "--seeds", "1", "-o", str(play)]) == 0
+                 "--seeds", "2", "-o", str(play)]) == 0
     printed = capsys.readouterr().out
     report = json.loads(play.read_text())
-    assert [len(report["episodes"][arm]) for arm in ("none", "policy")] == [1, 1]
+    assert [len(report["episodes"][arm]) for arm in ("none", "policy")] == [2, 2]  # one task, two seeds
     assert report["clock"]["policy"]["verdicts"] <= report["clock"]["policy"]["pairs"]
     assert report["models"]["student"]["weights"] == weights_fingerprint(tiny_model_dir)
     assert main(["judge", "report", str(play)]) == 0

@@ -523,7 +523,8 @@ def play_markdown(report: dict[str, Any]) -> str:
              "| --- |" + " ---: |" * 13]
     for arm, r in rows.items():
         base = arm == "none"
-        detectable = "-" if base else f"{r['detectable']:.2f} / {r['detectable_by_task']:.2f}"
+        detectable = "-" if base else " / ".join("-" if d is None else f"{d:.2f}"  # None: fewer than 2 episodes or tasks
+                                                 for d in (r["detectable"], r["detectable_by_task"]))
         lines.append(" | ".join([
             f"| {arm}", interval(r["improvement"]), "-" if base else interval(r["difference"]),
             "-" if base else interval(r["by_task"]), detectable, _percent(r["won"]), f"{r['runs']:.1f}",
