@@ -76,14 +76,9 @@ REGIMES = {  # regime -> (its arms, its overrides)
 def sync_builds() -> None:
     """Each build of BUILD_FOLDERS: copied from BUILDS where the folder is missing, copied to BUILDS
     where the folder exists and BUILDS has none; where both exist their weights must be the same."""
-    import hashlib
     import shutil
 
-    def weights_fingerprint(folder: Path) -> str:  # the model's weights, the job model's torch file among them
-        digest = hashlib.sha256()
-        for file in sorted(f for f in folder.iterdir() if f.suffix in (".safetensors", ".bin", ".pt")):
-            digest.update(file.name.encode() + b"\0" + file.read_bytes())
-        return digest.hexdigest()[:16]
+    from turnopd.models import weights_fingerprint
 
     for name, folder in BUILD_FOLDERS.items():
         saved, live = BUILDS / name, Path(folder).expanduser()
@@ -195,16 +190,18 @@ def tables_30(regime: str, runs_dir: Path) -> str:
         lines.append(f"| {method} | {len(group.runs)} | {interval} | {env:.0f} | {model:.0f} | {steps:.1f} | {clock:.0f} |")
     lines += ["", "| comparison (paired) | seeds | difference, points [t 95% over seeds] | detectable | "
                   "over the tasks [t 95%] | called (both intervals) |", "| --- | ---: | ---: | ---: | ---: | --- |"]
+    against = {base: compare(runs, baseline=groups[base].label)  # one comparison (its bootstraps) per baseline
+               for base in {base for _, base in COMPARISONS_30} | {"vanilla_opd"} if base in groups}
     for arm, base in COMPARISONS_30:
         if arm not in groups or base not in groups:
             continue
-        row = next(r for r in compare(runs, baseline=groups[base].label).rows if r.group.method == arm)
+        row = next(r for r in against[base].rows if r.group.method == arm)
         d, tasks = row.by_seed.difference, by_task(groups[arm].runs, groups[base].runs)
         if d is None:
             continue
         lines.append(f"| {arm} - {base} | {len(row.by_seed.seeds)} | {points(d)} | {100 * row.by_seed.detectable:.1f} | "
                      f"{'-' if tasks is None else points(tasks)} | {called(d, tasks)} |")
-    reference = compare(runs, baseline=groups["vanilla_opd"].label) if "vanilla_opd" in groups else None
+    reference = against.get("vanilla_opd")
     along_the_way = all(len(run.evals) > 2 for run in runs)  # equal clock evaluates at the start and end only
     if reference is not None and reference.target is not None and along_the_way:
         lines += ["", f"Real executions to reach vanilla OPD's final greedy Avg@1 ({100 * reference.target:.1f}%, "

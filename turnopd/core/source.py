@@ -11,6 +11,13 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1]
 
 
+def code_build() -> dict[str, str]:
+    """The code that made a record's numbers: the package's version and code_fingerprint()."""
+    from turnopd import __version__
+
+    return {"version": __version__, "source": code_fingerprint()}
+
+
 @functools.cache
 def code_fingerprint(package: Path = PACKAGE) -> str:
     """The first 16 hex digits of a sha256 over the package's files (each file's path relative to the

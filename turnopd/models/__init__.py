@@ -9,10 +9,11 @@ from turnopd.models.base import (
     ModelPrepareError,
     building,
     default_model_dir,
+    folder_builds,
     prepare_model,
     read_build_info,
     weights_fingerprint,
 )
 
-__all__ = ["BUILD_INFO", "MODELS_DIR", "MODEL_PREPARERS", "ModelPrepareError", "building", "default_model_dir",
+__all__ = ["BUILD_INFO", "MODELS_DIR", "MODEL_PREPARERS", "ModelPrepareError", "building", "default_model_dir", "folder_builds",
            "prepare_model", "read_build_info", "weights_fingerprint"]

@@ -38,7 +38,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,12 @@ def default_model_dir(name: str) -> Path:
     return MODELS_DIR / name
 
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")  # .pt: torch-saved models (autoresearch's job model)
+
+
+def folder_builds(models: Mapping[str, str | Path]) -> dict[str, dict[str, Any]]:
+    """Each model's folder and its weights' fingerprint, by role: what a record names as its models."""
+    return {role: {"path": str(path), "weights": weights_fingerprint(path)} for role, path in models.items()}
 
 
 def weights_fingerprint(folder: str | Path) -> str | None:

@@ -286,12 +286,10 @@ def cliff(right: list[bool | None], depths: list[str], bands: list[str], tasks: 
 def builds(models: dict[str, Any]) -> dict[str, Any]:
     """What made a report's numbers: the code's fingerprint and each model folder's weights' (as a run's
     start record has them), so that reports of two builds are told apart."""
-    from turnopd import __version__
-    from turnopd.core.source import code_fingerprint
-    from turnopd.models import weights_fingerprint
+    from turnopd.core.source import code_build
+    from turnopd.models import folder_builds
 
-    return {"code": {"version": __version__, "source": code_fingerprint()},
-            "models": {role: {"path": str(path), "weights": weights_fingerprint(path)} for role, path in models.items()}}
+    return {"code": code_build(), "models": folder_builds(models)}
 
 
 def open_judges(cfg: RunConfig, spec: EnvSpec, bys: list[str], world_model: str | None
@@ -360,10 +358,11 @@ def builds_line(report: dict[str, Any]) -> list[str]:
     return [f"Builds: code `{report['code']['source']}`; {models}.", ""]
 
 
-def bench_markdown(report: dict[str, Any]) -> str:
+def bench_markdown(report: dict[str, Any], summary: dict[str, dict[str, Any]] | None = None) -> str:
     """The benchmark's tables as Markdown (what `judge bench` prints and a results page embeds):
-    by depth with the interval over tasks, the cliff stratified by band, by band."""
-    summary, tasks, pairs = bench_summary(report), report["tasks"], report["pairs"]
+    by depth with the interval over tasks, the cliff stratified by band, by band. `summary`:
+    bench_summary(report), derived here when not given."""
+    summary, tasks, pairs = summary or bench_summary(report), report["tasks"], report["pairs"]
     count = lambda key, labels: ", ".join(f"{sum(key(p) == label for p in pairs)} at {label}" for label in labels)  # noqa: E731
     band_names = tuple(b[2] for b in BANDS)
     lines = [*builds_line(report), f"{report['states']} states on {len(tasks)} {report['split']} tasks ({report['walks']} seeded walks a task, up to "
@@ -386,16 +385,16 @@ def bench_markdown(report: dict[str, Any]) -> str:
               "| judge / memory | early | late | late - early, by band [95%, tasks resampled] | "
               + " | ".join(f"{b}: early -> late" for b in band_names) + " |",
               "| --- | ---: | ---: | ---: | " + " | ".join("---:" for _ in band_names) + " |"]
+    late = [depth_label(p["depth"]) not in EARLY for p in pairs]
+    bands = [band_label(p["difference"]) for p in pairs]
     for arm, r in summary.items():
-        c, right = r["cliff"], report["arms"][arm]["right"]
+        c = r["cliff"]
         diff = "-" if c["difference"] is None else (
             f"{100 * c['difference']:+.1f}" + ("" if c["interval"] is None else
                                                f" [{100 * c['interval'][0]:+.1f}, {100 * c['interval'][1]:+.1f}]"))
-        per_band = []
-        for b in band_names:
-            side = [[v for v, p in zip(right, pairs, strict=True) if v is not None and band_label(p["difference"]) == b
-                     and (depth_label(p["depth"]) not in EARLY) == late] for late in (False, True)]
-            per_band.append(" -> ".join(f"{_percent(sum(v) / len(v) if v else None)} ({len(v)})" for v in side))
+        per_band = [" -> ".join(f"{_percent(right / verdicts if verdicts else None)} ({verdicts})"
+                                for right, verdicts in band)
+                    for band in band_counts(report["arms"][arm]["right"], late, bands)]
         lines.append(f"| {arm} | {_percent(c['early'])} ({c['early_verdicts']}) | {_percent(c['late'])} "
                      f"({c['late_verdicts']}) | {diff} | " + " | ".join(per_band) + " |")
     lines += ["", "By |metric difference| of the two changes (points):", "",
@@ -434,8 +433,8 @@ def run_judge_bench(cfg: RunConfig, *, split: str, max_tasks: int | None, walks:
                                      "walk": states[p.state].walk} for p in pairs],
               "threshold": cfg.judge.similarity_threshold, "memory_limit": cfg.judge.memory_limit,
               "arms": results, "wall_time_s": time.monotonic() - start, **builds(models)}
-    print(bench_markdown(report), flush=True)
     report["summary"] = bench_summary(report)  # the tables' figures, for readers of the JSON
+    print(bench_markdown(report, report["summary"]), flush=True)
     path = Path(output or Path(cfg.output_dir) / "judge_bench" / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1))

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from turnopd import __version__
 from turnopd.algorithm.controllers import DepthSchedule, EnvDepths
 from turnopd.algorithm.objective import turn_kl_profile
 from turnopd.algorithm.world_model_corrections import debiased_mean
@@ -21,11 +20,11 @@ from turnopd.core.ledger import Ledger
 from turnopd.core.methods import method_of
 from turnopd.core.metrics import MetricsWriter, StepRecord
 from turnopd.core.pixels import KEY_CHARS
-from turnopd.core.source import code_fingerprint
+from turnopd.core.source import code_build
 from turnopd.core.tracking import TRACKERS, TrackedRun
 from turnopd.core.types import EpisodeSummary, Trajectory, env_errors
 from turnopd.loaders.screens import ScreenPixels
-from turnopd.models import weights_fingerprint
+from turnopd.models import folder_builds
 from turnopd.orchestration.pipeline import BatchPlan, MixturePlan, PipelineStats, per_env_fields
 from turnopd.orchestration.preflight import Setup
 from turnopd.rollout.eval import EvalResult
@@ -49,7 +48,7 @@ class RunLog:
         self.writer.write({"kind": "start", "name": cfg.name, "method": method_of(dataclasses.asdict(cfg)),
                            "seed": cfg.seed, "total_steps": cfg.trainer.steps, "resumed_from_step": start_step,
                            "world_size": world, "models": model_builds(setup),
-                           "code": {"version": __version__, "source": code_fingerprint()}})
+                           "code": code_build()})
         tracked = TrackedRun(run_dir, cfg.tracker.run_name or cfg.name, dataclasses.asdict(cfg), start_step, cfg.tracker)
         self.trackers = [TRACKERS.get(name)(tracked) for name in cfg.tracking]
 
@@ -116,7 +115,7 @@ def model_builds(setup: Setup) -> dict[str, dict[str, Any]]:
     weights' fingerprint, so that `turnopd frontier` tells runs of two builds of one folder apart."""
     models = {"student": setup.student_path, **{f"teacher:{env}": spec.model for env, spec in setup.teacher_specs.items()},
               **{f"teacher:{env}:adapter": spec.adapter for env, spec in setup.teacher_specs.items() if spec.adapter}}
-    return {role: {"path": str(path), "weights": weights_fingerprint(path)} for role, path in models.items()}
+    return folder_builds(models)
 
 
 def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: DepthSchedule | EnvDepths,

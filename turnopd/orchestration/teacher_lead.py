@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from envs.pool import EnvPool
-from turnopd import __version__
 from turnopd.analysis.audit import teacher_lead
 from turnopd.config import RecipeError, RunConfig
-from turnopd.core.source import code_fingerprint
+from turnopd.core.source import code_build
 from turnopd.orchestration.audit import student_policy
 from turnopd.orchestration.evaluation import evaluate_teacher, run_eval
 from turnopd.orchestration.pipeline import env_parts
@@ -43,7 +42,7 @@ def run_teacher_lead(cfg: RunConfig, *, student: str | None = None, min_points: 
     parts = env_parts(cfg, setup)
     report: dict[str, Any] = {
         "recipe": cfg.name, "min_points": min_points,
-        "code": {"version": __version__, "source": code_fingerprint()}, "envs": {}}
+        "code": code_build(), "envs": {}}
     with ExitStack() as stack:  # each env's pool serves both players: its workers start once
         pools = {env: stack.enter_context(EnvPool.for_config(part.spec, view.env)) for env, (view, part) in parts.items()}
         policy, student_name = student_policy(cfg, setup.student_path, student)
