@@ -472,6 +472,78 @@ def test_shipped_sft_recipes_validate() -> None:
         assert "name" in compose(recipe)
 
 
+def _tiny_trainer(model_dir: Path, steps: int):
+    from turnopd.config import LossConfig, ObjectiveConfig
+    from turnopd.trainer import Trainer
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return Trainer(model, TrainerConfig(steps=steps, lr=1e-2, lr_schedule="cosine"), ObjectiveConfig(estimator="nll"),
+                   LossConfig(mode="token_mean"), total_steps=steps)
+
+
+def test_a_killed_build_resumes_to_the_same_steps_and_weights(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """4 steps straight vs killed in step 3 with a checkpoint every 2, then rerun: the rerun restores
+    steps 1-2 (their losses from the checkpoint) and trains 3-4 to the same losses and weights, since
+    the optimizer, the schedule and the batch order continue where they were."""
+    from types import SimpleNamespace
+
+    from turnopd.core.checkpoint import list_checkpoints
+    from turnopd.orchestration.sft import SFTCheckpoints, SFTExample, train_examples
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompt = tok.encode("Your task is to: put some pencil on desk.")
+    examples = [SFTExample(f"t{i}", 0, prompt, tok.encode(a, add_special_tokens=False)) for i, a in
+                enumerate(["<action>go to desk 1</action>", "<action>take pencil 1 from desk 1</action>",
+                           "<action>look</action>"])]
+    cfg = SimpleNamespace(trainer=TrainerConfig(steps=4), batch_turns=1, seed=3, env=SimpleNamespace(name="walk"))
+    straight = _tiny_trainer(tiny_model_dir, 4)
+    expected = [loss for loss, _ in train_examples(straight, examples, cfg)]
+    expected_weights = {k: v.clone() for k, v in straight.module.state_dict().items()}
+
+    root = tmp_path / "teacher.checkpoints"
+    checkpoints = SFTCheckpoints(root, every=2, recipe="r", tokenizer=tok)
+    killed = _tiny_trainer(tiny_model_dir, 4)
+    step, calls = killed.step, []
+
+    def dies_in_step_3(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return step(*args, **kwargs)
+
+    killed.step = dies_in_step_3
+    with pytest.raises(KeyboardInterrupt):
+        train_examples(killed, examples, cfg, checkpoints=checkpoints)
+    assert [p.name for p in list_checkpoints(root)] == ["step_000002"]
+
+    resumed = _tiny_trainer(tiny_model_dir, 4)
+    losses = [loss for loss, _ in train_examples(resumed, examples, cfg, checkpoints=checkpoints)]
+    assert losses[:2] == expected[:2]  # read back, not retrained
+    assert losses[2:] == pytest.approx(expected[2:], rel=1e-5) and losses[3] != expected[2]
+    for name, value in resumed.module.state_dict().items():
+        torch.testing.assert_close(value, expected_weights[name], rtol=1e-5, atol=1e-6)
+    assert [p.name for p in list_checkpoints(root)] == ["step_000004"]  # the last step's; keep_last 1
+
+
+def test_a_killed_builds_checkpoints_continue_only_its_own_recipe(tmp_path: Path) -> None:
+    from turnopd.orchestration.sft import SFTCheckpoints
+
+    recipe = _write(tmp_path, {"name": "t", "env": {"name": "alfworld"}, "model": {"path": "/m"},
+                               "output_dir": str(tmp_path / "teacher"), "checkpoint_every": 5})
+    found = SFTCheckpoints.of(load_sft_recipe(str(recipe)))
+    assert found.root == tmp_path / "teacher.checkpoints" and found.every == 5
+    step = found.root / "checkpoints" / "step_000005"
+    step.mkdir(parents=True)
+    (step / "loop_state.json").write_text('{"step": 5, "losses": []}')
+    (found.root / "recipe.yaml").write_text(found.recipe)
+    # what only the evaluation reads, and the checkpoint interval, may change; training may not
+    SFTCheckpoints.of(load_sft_recipe(str(recipe), ["eval.max_tasks=3", "teacher_spec=null", "checkpoint_every=2"]))
+    with pytest.raises(RecipeError, match=r"teacher.checkpoints holds the checkpoints of a killed build whose "
+                                          r"recipe differs in \['batch_turns', 'trainer'\]"):
+        SFTCheckpoints.of(load_sft_recipe(str(recipe), ["trainer.lr=0.5", "batch_turns=4"]))
+
+
 # ---- the whole command on real ALFWorld games (slow) -------------------------------------------------
 
 
@@ -496,6 +568,7 @@ def test_sft_command_end_to_end(tmp_path: Path, tiny_model_dir: Path, monkeypatc
         "eval": {"split": "valid_seen", "max_tasks": 2},
         "output_dir": str(tmp_path / "teacher"),
         "teacher_spec": str(tmp_path / "spec" / "teacher.yaml"),
+        "checkpoint_every": 2,
     })
     # a train_top_layers the model cannot take fails before any demonstration is played
     assert main(["sft", str(recipe), "train_top_layers=3"]) == 2
@@ -505,6 +578,7 @@ def test_sft_command_end_to_end(tmp_path: Path, tiny_model_dir: Path, monkeypatc
     summary = json.loads((tmp_path / "teacher" / "sft_summary.json").read_text())
     assert summary["demos_played"] == 2 and summary["steps"] == 3 and summary["eval_tasks"] == 2
     assert summary["examples"] > 0 and 0.0 <= summary["avg_at_1"] <= 1.0 and math.isfinite(summary["final_loss"])
+    assert not (tmp_path / "teacher.checkpoints").exists()  # a complete build keeps no resumable state
     spec = load_teacher_spec(tmp_path / "spec" / "teacher.yaml")
     assert Path(spec.model) == tmp_path / "teacher" and spec.backend == "transformers"
     assert f"# Written by `turnopd sft {recipe}` (held-out Avg@1 {100 * summary['avg_at_1']:.1f}% on 2 valid_seen tasks)" \

@@ -21,6 +21,7 @@ import pickle
 import random
 import re
 import shutil
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -170,3 +171,19 @@ def saved_world_size(ckpt: Path) -> int:
 def load_rng(ckpt: Path) -> None:
     rank, _ = rank_and_world()
     set_rng_state(load_plain(ckpt / f"rng_{rank}.pt"))
+
+
+def restore_checkpoint(run_dir: Path, trainer: Any) -> dict[str, Any] | None:
+    """Load the newest checkpoint that reads back into the trainer and return its loop state (a torn
+    or corrupted one, say by a full disk or a copy cut short, is passed over with a warning: the one
+    before it is complete)."""
+    for checkpoint in reversed(list_checkpoints(run_dir)):
+        try:
+            state = load_loop_state(checkpoint)
+            trainer.load(checkpoint)
+            load_rng(checkpoint)
+            return state
+        except Exception as exc:  # noqa: BLE001 - whatever the damage, the previous checkpoint may do
+            print(f"warning: checkpoint {checkpoint} cannot be read ({type(exc).__name__}: {str(exc)[:300]}); "
+                  "trying the one before it", file=sys.stderr, flush=True)
+    return None

@@ -8,7 +8,6 @@ import dataclasses
 import hashlib
 import random
 import secrets
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,22 +80,6 @@ def build_missing_models(cfg: RunConfig, setup: Setup) -> None:
         if cfg.student.prepare is not None and not setup.student_path.exists():
             prepare_model(cfg.student.prepare, setup.student_path, **cfg.student.prepare_options)
     barrier()
-
-
-def restore_checkpoint(run_dir: Path, trainer: Trainer) -> dict[str, Any] | None:
-    """Load the newest checkpoint that reads back into the trainer and return its loop state (a torn
-    or corrupted one, say by a full disk or a copy cut short, is passed over with a warning: the one
-    before it is complete)."""
-    for checkpoint in reversed(ckpt.list_checkpoints(run_dir)):
-        try:
-            state = ckpt.load_loop_state(checkpoint)
-            trainer.load(checkpoint)
-            ckpt.load_rng(checkpoint)
-            return state
-        except Exception as exc:  # noqa: BLE001 - whatever the damage, the previous checkpoint may do
-            print(f"warning: checkpoint {checkpoint} cannot be read ({type(exc).__name__}: {str(exc)[:300]}); "
-                  "trying the one before it", file=sys.stderr, flush=True)
-    return None
 
 
 def save_checkpoint(run: DistillRun, step: int) -> None:
@@ -196,7 +179,7 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> DistillRun:
     outcomes = Outcomes(cfg)
 
     start_step, ledger, spent = 0, Ledger(), WorkSpent()
-    state = restore_checkpoint(run_dir, trainer) if resuming else None
+    state = ckpt.restore_checkpoint(run_dir, trainer) if resuming else None
     if state is not None:
         with trainer.gathered_parameters() as student_weights:
             policy.update_weights(student_weights)
