@@ -3,6 +3,7 @@ with its own screenshot against the same page with another page's (the gap is th
 
     OMP_NUM_THREADS=2 python benchmarks/screenshot_reading.py                 # the recipe's VLM shape, 100 steps
     python benchmarks/screenshot_reading.py --steps 100 --pages 16 --seeds 0
+    python benchmarks/screenshot_reading.py --layouts grid row_tiles         # both screen layouts, side by side
 
 Per seed: a fresh `tiny_vlm` (turnopd.models.vlm.new_tiny_vlm, the shape of
 recipes/webshop/screenshot_student_sft.yaml's build: text hidden 128 x 3 layers, a SigLIP tower of
@@ -12,8 +13,11 @@ loss plus each patch's 8 cells' characters) on the distinct expert pages of 100 
 vlm.reading_test on --pages test-split pages spread over the distinct pages of 20 test episodes
 (none seen in training): the characters the reader gets right from the tower's patch features
 (what the projector turns into the image tokens), and the language model's teacher-forced transcription token accuracy, right screen
-against swapped. Summaries are medians over the held-out pages with their range (per-page values in
-the samples); saved to benchmarks/results/screenshot_reading.json (docs/screenshots.md).
+against swapped. With several --layouts (turnopd.loaders.screens.SCREEN_LAYOUTS: the screen as
+drawn, or each patch 8 consecutive cells of a row in reading order) each seed builds, trains and
+tests one model per layout, the same init seed, pages and batches. Summaries are medians over the
+held-out pages with their range (per-page values in the samples), one set per layout; saved to
+benchmarks/results/screenshot_reading.json (docs/screenshots.md).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import time
 import torch
 from record import Summary, save_result
 
+from turnopd.loaders.screens import SCREEN_LAYOUTS
 from turnopd.models import vlm
 from turnopd.models.env_text import env_corpus
 
@@ -41,9 +46,9 @@ def per_page(model, processor, reader, pages: list[vlm.PageShot]) -> list[dict[s
             for page, other in zip(pages, swapped, strict=True)]
 
 
-def run(seed: int, steps: int, pages: int) -> dict:
+def run(seed: int, steps: int, pages: int, layout: str) -> dict:
     texts = env_corpus({"name": "webshop", "history_length": 1, "max_turns": 10}, None, 100)
-    model, processor = vlm.new_tiny_vlm(texts, seed=seed, **SIZE)
+    model, processor = vlm.new_tiny_vlm(texts, seed=seed, screen_layout=layout, **SIZE)
     train = vlm.play_pages("train", 100, seed=seed)
     held_out = vlm.spread(vlm.play_pages("test", 20, seed=seed), pages)
     assert not {p.text for p in train} & {p.text for p in held_out}, "a held-out page was trained on"
@@ -55,9 +60,9 @@ def run(seed: int, steps: int, pages: int) -> dict:
                                          reader=reader, seed=seed, log_every=10)
         seconds = time.perf_counter() - start
     rows = per_page(model, processor, reader, held_out)
-    print(f"seed {seed}: {len(train)} train pages, {steps} steps in {seconds:.0f} s; held-out means: "
+    print(f"seed {seed}, {layout}: {len(train)} train pages, {steps} steps in {seconds:.0f} s; held-out means: "
           + ", ".join(f"{k} {sum(r[k] for r in rows) / len(rows):.3f}" for k in rows[0]), flush=True)
-    return {"seed": seed, "train_pages": len(train), "held_out_pages": len(held_out), "steps": steps,
+    return {"seed": seed, "layout": layout, "train_pages": len(train), "held_out_pages": len(held_out), "steps": steps,
             "train_seconds": round(seconds, 1), "last_loss": sum(losses[-10:]) / len(losses[-10:]),
             "parameters": model.num_parameters(), "pages": rows}
 
@@ -67,17 +72,23 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--pages", type=int, default=16)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--layouts", nargs="+", default=["grid"], choices=SCREEN_LAYOUTS)
     args = parser.parse_args()
-    samples = [run(seed, args.steps, args.pages) for seed in args.seeds]
-    rows = [row for sample in samples for row in sample["pages"]]
+    samples = [run(seed, args.steps, args.pages, layout) for seed in args.seeds for layout in args.layouts]
     labels = {"cell_accuracy": "characters read from the patch features, right screen",
               "cell_accuracy_swapped": "characters read from the patch features, another page's screen",
               "token_accuracy": "transcription token accuracy (teacher-forced), right screen",
               "token_accuracy_swapped": "transcription token accuracy (teacher-forced), another page's screen"}
-    summaries = [Summary.of(label, [row[key] for row in rows], "fraction") for key, label in labels.items()]
-    summaries.append(Summary.of("training seconds", [s["train_seconds"] for s in samples], "s"))
+    summaries = []
+    for layout in args.layouts:
+        runs = [s for s in samples if s["layout"] == layout]
+        rows = [row for sample in runs for row in sample["pages"]]
+        tag = f" ({layout})" if len(args.layouts) > 1 else ""
+        summaries += [Summary.of(label + tag, [row[key] for row in rows], "fraction") for key, label in labels.items()]
+        summaries.append(Summary.of("training seconds" + tag, [s["train_seconds"] for s in runs], "s"))
+    readings = sum(len(s["pages"]) for s in samples) // len(args.layouts)
     save_result("screenshot_reading", f"reading held-out WebShop screenshots: right vs another page's screen "
-                f"({len(rows)} held-out page readings)", summaries, samples)
+                f"({readings} held-out page readings{' a layout' if len(args.layouts) > 1 else ''})", summaries, samples)
 
 
 if __name__ == "__main__":

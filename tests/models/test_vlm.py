@@ -162,11 +162,61 @@ def test_the_cells_under_each_patch_are_the_characters_drawn_there(pages) -> Non
     assert vlm.patch_cells(grid, 12).shape == (48 * 48, 2)
 
 
+def test_row_tiles_move_whole_cells_into_patches_in_reading_order() -> None:
+    from turnopd.loaders.screens import tile_rows
+
+    a, b, c, d, e, f, g, h = range(1, 9)
+    assert tile_rows(np.array([[a, b, c, d], [e, f, g, h]]), (1, 1), (2, 2)).tolist() == [[a, b, e, f], [c, d, g, h]]
+    # the same with cells of 2 x 3 pixels: each cell's block moves whole, unchanged
+    cells = np.arange(8).reshape(2, 4)
+    pixels = np.kron(cells, np.ones((2, 3), dtype=int)) * 10 + np.tile([[0, 1, 2], [3, 4, 5]], (2, 4))
+    moved = tile_rows(pixels, (2, 3), (2, 2))
+    where = tile_rows(cells, (1, 1), (2, 2))
+    for row in range(2):
+        for col in range(4):
+            block = moved[2 * row: 2 * row + 2, 3 * col: 3 * col + 3]
+            assert block.tolist() == (where[row, col] * 10 + np.array([[0, 1, 2], [3, 4, 5]])).tolist()
+    with pytest.raises(ValueError, match="whole number of patches"):
+        tile_rows(np.zeros((2, 6)), (1, 1), (2, 2))  # a row of 6 cells is not whole patches of 4
+
+
+def test_a_row_tiled_screen_shows_each_patch_eight_characters_of_one_row(pages, tmp_path: Path) -> None:
+    """patch 24, row_tiles: patch i (row-major in the 24 x 24 grid) holds row i // 12, columns
+    8 (i % 12) .. + 7, top 4 then bottom 4; its pixels are those cells' pixels of the drawn screen,
+    and the cell reader's labels move with them."""
+    from transformers import AutoProcessor
+
+    from turnopd.loaders.screens import model_screen, screen_layout
+
+    _, processor = vlm.new_tiny_vlm([p.text for p in pages], seed=0, screen_layout="row_tiles", **SIZE)
+    processor.save_pretrained(tmp_path)
+    assert screen_layout(processor) == screen_layout(AutoProcessor.from_pretrained(tmp_path)) == "row_tiles"
+    page = max(pages, key=lambda p: len(p.text))
+    shown = model_screen(page.pixels, processor)
+    labels = vlm.cell_labels([page], processor)[0]  # [576 patches, 8 cells]
+    grid = vlm.cell_grid(page.text)
+    for i in (0, 1, 13, 300, 575):
+        row, first = i // 12, 8 * (i % 12)
+        top, left = 24 * (i // 24), 24 * (i % 24)
+        for k in range(8):
+            y, x = top + CELL_H * (k // 4), left + CELL_W * (k % 4)
+            drawn = page.pixels[CELL_H * row: CELL_H * (row + 1), CELL_W * (first + k): CELL_W * (first + k + 1)]
+            assert np.array_equal(shown[y: y + CELL_H, x: x + CELL_W], drawn)
+        assert labels[i].tolist() == grid[row, first: first + 8].tolist()
+    # the pixel values are the grid model's of the moved screen
+    grid_processor = vlm.new_tiny_vlm([p.text for p in pages], seed=0, **SIZE)[1]
+    tiled = vlm.screen_pixel_values([page.pixels], processor)
+    assert torch.equal(tiled, vlm.screen_pixel_values([shown], grid_processor))
+    assert not torch.equal(tiled, vlm.screen_pixel_values([page.pixels], grid_processor))
+    with pytest.raises(ValueError, match="screen_layout must be one of"):
+        vlm.new_tiny_vlm([p.text for p in pages], seed=0, screen_layout="columns", **SIZE)
+
+
 def test_the_reader_and_the_transcription_loss_come_from_one_forward(pages, loaded) -> None:
     model, processor = loaded
     reader = vlm.cell_reader_for(model)
     batch = vlm.transcription_batch(pages[:2], processor, model.config)
-    cells = vlm.cell_labels(pages[:2], 24)
+    cells = vlm.cell_labels(pages[:2], processor)
     with torch.no_grad():
         loss, cell_loss = vlm.reading_loss(model, reader, batch, cells)
         logits = reader(vlm.patch_features(model, batch["pixel_values"]))

