@@ -17,7 +17,8 @@ against swapped. With several --layouts (turnopd.loaders.screens.SCREEN_LAYOUTS:
 drawn, or each patch 8 consecutive cells of a row in reading order) each seed builds, trains and
 tests one model per layout, the same init seed, pages and batches. Summaries are medians over the
 held-out pages with their range (per-page values in the samples), one set per layout; saved to
-benchmarks/results/screenshot_reading.json (docs/screenshots.md).
+benchmarks/results/screenshot_reading.json, with several layouts to screenshot_reading_layouts.json
+(docs/screenshots.md; the layout comparison's design: docs/results/reading-layout-design.md).
 """
 
 from __future__ import annotations
@@ -85,9 +86,12 @@ def main() -> None:
         rows = [row for sample in runs for row in sample["pages"]]
         tag = f" ({layout})" if len(args.layouts) > 1 else ""
         summaries += [Summary.of(label + tag, [row[key] for row in rows], "fraction") for key, label in labels.items()]
+        summaries.append(Summary.of("the language model's reading gap, token accuracy right minus another page's screen"
+                                    + tag, [row["token_accuracy"] - row["token_accuracy_swapped"] for row in rows], "fraction"))
         summaries.append(Summary.of("training seconds" + tag, [s["train_seconds"] for s in runs], "s"))
     readings = sum(len(s["pages"]) for s in samples) // len(args.layouts)
-    save_result("screenshot_reading", f"reading held-out WebShop screenshots: right vs another page's screen "
+    name = "screenshot_reading" if len(args.layouts) == 1 else "screenshot_reading_layouts"  # keeps the grid run's file
+    save_result(name, f"reading held-out WebShop screenshots: right vs another page's screen "
                 f"({readings} held-out page readings{' a layout' if len(args.layouts) > 1 else ''})", summaries, samples)
 
 
