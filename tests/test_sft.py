@@ -539,6 +539,10 @@ def test_a_killed_builds_checkpoints_continue_only_its_own_recipe(tmp_path: Path
     (found.root / "recipe.yaml").write_text(found.recipe)
     # what only the evaluation reads, and the checkpoint interval, may change; training may not
     SFTCheckpoints.of(load_sft_recipe(str(recipe), ["eval.max_tasks=3", "teacher_spec=null", "checkpoint_every=2"]))
+    # a model preparation trains into a temporary folder: its checkpoints are the final folder's
+    building = SFTCheckpoints.of(load_sft_recipe(str(recipe), [f"output_dir={tmp_path}/.teacher.x1b2"]),
+                                 tmp_path / "teacher")
+    assert building.root == found.root and building.recipe == found.recipe
     with pytest.raises(RecipeError, match=r"teacher.checkpoints holds the checkpoints of a killed build whose "
                                           r"recipe differs in \['batch_turns', 'trainer'\]"):
         SFTCheckpoints.of(load_sft_recipe(str(recipe), ["trainer.lr=0.5", "batch_turns=4"]))
