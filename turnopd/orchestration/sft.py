@@ -273,10 +273,10 @@ class SFTResult:
     relabel: dict[str, Any] | None = None
 
 
-def run_sft(cfg: SFTConfig, recipe: str | None = None, model_dir: Path | None = None) -> SFTResult:
+def run_sft(cfg: SFTConfig, recipe: str | None = None, final_dir: Path | None = None) -> SFTResult:
     """Demonstrations -> fine-tuned teacher -> held-out Avg@1 -> teacher spec. `recipe` (the file cfg
     came from) goes into the spec as its `sft_recipe`, so a checkout without the model rebuilds it.
-    `model_dir`: where the model ends up when cfg.output_dir is a temporary folder (prepare_sft),
+    `final_dir`: where the model ends up when cfg.output_dir is a temporary folder (prepare_sft),
     so that a killed build's checkpoints are found beside it the next time."""
     import torch
     from transformers import AutoTokenizer
@@ -284,7 +284,7 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None, model_dir: Path | None = 
     from turnopd.trainer import Trainer
 
     wall_start = time.perf_counter()
-    checkpoints = SFTCheckpoints.of(cfg, model_dir)  # a changed recipe over a killed build's checkpoints fails here
+    checkpoints = SFTCheckpoints.of(cfg, final_dir)  # a changed recipe over a killed build's checkpoints fails here
     spec = make_env_spec(cfg.env, cfg.data_dir)
     split, train_tasks, eval_split, eval_tasks = train_and_eval_tasks(
         spec, cfg.env, eval_split=cfg.eval.split, max_eval_tasks=cfg.eval.max_tasks,
@@ -518,9 +518,9 @@ class SFTCheckpoints:
     tokenizer: Any = None
 
     @classmethod
-    def of(cls, cfg: SFTConfig, model_dir: Path | None = None) -> SFTCheckpoints:
-        """The checkpoints of cfg's build, beside `model_dir` (default: cfg.output_dir)."""
-        out = Path(model_dir or cfg.output_dir).expanduser()
+    def of(cls, cfg: SFTConfig, final_dir: Path | None = None) -> SFTCheckpoints:
+        """The checkpoints of cfg's build, beside `final_dir` (default: cfg.output_dir)."""
+        out = Path(final_dir or cfg.output_dir).expanduser()
         where = ("eval", "teacher_spec", "checkpoint_every", "output_dir")  # not what training reads
         training = OmegaConf.masked_copy(OmegaConf.structured(cfg),
                                          [k for k in SFTConfig.__dataclass_fields__ if k not in where])
@@ -615,7 +615,7 @@ def prepare_sft(out_dir: Path, recipe: str, overrides: list[str] | tuple[str, ..
                                              "eval.enabled=false"])
     with building(Path(out_dir), {"builder": "sft", "recipe": str(recipe_path), "overrides": list(overrides)}) as tmp:
         cfg.output_dir = str(tmp)
-        run_sft(cfg, model_dir=Path(out_dir))
+        run_sft(cfg, final_dir=Path(out_dir))
     return Path(out_dir)
 
 
