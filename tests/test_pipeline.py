@@ -140,6 +140,34 @@ def test_episodes_of_steps_and_waves(recipe):
     assert (resumed.tasks, resumed.sampling.seed) != (waves[1].tasks, waves[1].sampling.seed)
 
 
+def test_held_screens_are_the_received_untrained_trajectories_and_the_newest_report():
+    """What freeing must keep, without a process: the keys of the trajectories queued in a pool's
+    fifo, in a step batch's answer and in an answer still in the inbox, and the inbox answer's report
+    of when the generator's oldest unfinished answer began."""
+    import queue
+
+    from turnopd.core.types import Turn
+    from turnopd.orchestration.pipeline.generator import GenerationRequest, Produced
+
+    def shot(*keys: str) -> Trajectory:
+        return Trajectory(task_id="t", env_name="webshop_screenshot", turns=[Turn(
+            index=i, observation="", prompt_ids=[], action_ids=[], student_logprobs=[], image_keys=[key])
+            for i, key in enumerate(keys)])
+
+    rollouts = GeneratorRollouts.__new__(GeneratorRollouts)  # its bookkeeping only: no generator process
+    rollouts.ledger, rollouts._replica_stats, rollouts._inbox = Ledger(), {}, queue.SimpleQueue()
+    rollouts.streams = {"webshop_screenshot": EnvStream(None, [], [], 2, 2)}
+    rollouts.streams["webshop_screenshot"].fifo.append(shot("a", "b"))
+    rollouts.answers = {3: Produced(3, [shot("c")], {}, {}, {}, answering_since=100.0)}
+    rollouts.pending = {7: GenerationRequest(7, "webshop_screenshot", None, 0, wave=True)}
+    rollouts._answering_since = 100.0
+    rollouts._inbox.put(Produced(7, [shot("d", "a")], {}, {}, {}, answering_since=150.0))
+    held = rollouts.held_screens()
+    assert held.since == 150.0 and held.keys == {"a", "b", "c", "d"}
+    rollouts.streams["webshop_screenshot"].fifo.clear()  # taken by a step and trained
+    assert rollouts.held_screens().keys == {"c"}
+
+
 def test_ledger_keeps_generator_time_apart():
     now = [10.0]
     ledger = Ledger(clock=lambda: now[0])

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from turnopd.core.pixels import KEY_CHARS, PixelStore, default_pixel_root
+from turnopd.core.pixels import CLOCK_MARGIN_S, KEY_CHARS, PixelStore, default_pixel_root
 
 
 def screen(value: int, shape=(12, 6)) -> np.ndarray:
@@ -52,6 +52,38 @@ def test_free_keeps_what_was_put_again_after_the_cut_off(tmp_path):
     assert store.put(screen(2)) == again  # an episode still playing drew the same page since
     assert store.free([old, again], put_before=cut_off) == 1
     assert store.missing([old, again]) == [old]
+
+
+def test_free_unheld_keeps_what_playing_episodes_or_untrained_trajectories_hold(tmp_path):
+    """Pages put at t = 1000, 2000, 3000 s; an episode still playing began at 2000.5 + the clock
+    margin: the page of 1000 is a received trajectory's (held), that of 3000 is newer than the
+    episode, so only the page of 2000 goes."""
+    store = PixelStore(tmp_path)
+    held, old, new = store.put(screen(1)), store.put(screen(2)), store.put(screen(3))
+    for key, t in ((held, 1000), (old, 2000), (new, 3000)):
+        os.utime(store.path(key), (t, t))
+    assert store.free_unheld(2000.5 + CLOCK_MARGIN_S, held=[held]) == 1
+    assert store.missing([held, old, new]) == [old]
+    assert store.free_unheld(time.time() + CLOCK_MARGIN_S + 1) == 2 and store.keys() == []
+
+
+def test_a_free_waits_for_a_put_in_progress(tmp_path):
+    """The folder's lock: while a put holds it (shared), a free cannot look at a page's time and
+    delete it in between; it deletes once the put is done."""
+    import fcntl
+    import threading
+
+    store = PixelStore(tmp_path)
+    key = store.put(screen(1))
+    past = time.time() - 100
+    os.utime(store.path(key), (past, past))
+    with store._locked(fcntl.LOCK_SH):  # a put's part, as an env worker holds it
+        freeing = threading.Thread(target=store.free, args=([key],), kwargs={"put_before": time.time()})
+        freeing.start()
+        freeing.join(0.3)
+        assert freeing.is_alive() and store.missing([key]) == []  # waiting, nothing deleted
+    freeing.join(10)
+    assert not freeing.is_alive() and store.missing([key]) == [key]
 
 
 def test_another_process_puts_and_this_one_reads(tmp_path):

@@ -200,7 +200,6 @@ def test_a_vision_language_teacher_scores_what_the_student_saw(models, played):
 
 @pytest.mark.parametrize("override, refused", [
     ("policy.backend=vllm", "only the transformers policy"),
-    ("pipeline.mode=one_step_off objective.clip_eps=0.2", "sync mode"),
     ("objective.estimator=full", "image tokens"),
 ])
 def test_the_recipe_refuses_what_cannot_pass_screenshots(override, refused):
@@ -258,6 +257,30 @@ def test_distill_on_screenshots_killed_and_resumed(models):
         # every turn's screenshot fetched once to generate it and once to train on it
         assert shots["fetched_images"] == 2 * shots["keys"]
         assert not shots["dropped"] and shots["missing"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["one_step_off", "pool"])
+def test_distill_on_screenshots_while_the_generator_plays(models, mode):
+    """The asynchronous pipelines on screenshots: the generator process plays (and fetches its own
+    screenshots) while steps train, and freeing between steps keeps what its episodes and the
+    received trajectories hold: no batch loses an image, every trained turn's screenshot is fetched
+    once by the trainer, and the store is empty after the run."""
+    recipe, name = models / f"{mode}.yaml", f"async-{mode}"  # not "shots-": the other test's store prefix
+    recipe.write_text(RECIPE.format(root=models))
+    done = subprocess.run([sys.executable, "-m", "turnopd.cli", "distill", str(recipe), f"name={name}",
+                           f"pipeline.mode={mode}", "objective.clip_eps=0.2", "checkpoint.every=0"],
+                          env=child_env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = [json.loads(line) for line in (models / "runs" / name / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r.get("kind") == "train"]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    for record in steps:
+        shots = record["screenshots"]
+        assert shots["keys"] == round(record["mean_turns"] * record["episodes"]) > 0
+        assert shots["fetched_images"] == shots["keys"]  # training's; the generator fetched its own
+        assert not shots["dropped"] and shots["missing"] == 0
+    assert not [p for p in vlm_store_roots() if p.name.startswith(f"{name}-")]  # emptied at the end
 
 
 def vlm_store_roots() -> list[Path]:

@@ -11,20 +11,32 @@ Here the store is a folder of content-addressed .npy files, on the node's shared
 trainer ranks) with no broker process to keep alive; a key is the hash of the pixels, so a page
 seen twice is stored once. A file is written under a temporary name and renamed (atomic): a reader
 sees a whole image or none. Across nodes, point `root` at a shared file system.
+
+With episodes still playing while a step's screenshots are freed (an asynchronous pipeline), what is
+freed is what was put before the oldest playing episode began (`free_unheld`): every put, also of a
+page already stored, stamps its file's time, so a page an episode drew is at least as new as the
+episode. A put and a free never interleave (an advisory lock on the folder: shared by puts,
+exclusive for a free), so a page cannot be stamped between a free's look at its time and its delete.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 KEY_CHARS = 32  # a 128-bit hash, hex
+LOCK_FILE = ".lock"
+# A file's time is the kernel's coarse clock, which may trail time.time() by a few milliseconds: a
+# cut-off is taken this much earlier, so that a page drawn just after an episode began stays
+CLOCK_MARGIN_S = 1.0
 
 
 def default_pixel_root(run: str) -> Path:
@@ -58,17 +70,28 @@ class PixelStore:
         was put after a cut-off keeps it) and return their key."""
         key = self.key_of(pixels)
         path = self.path(key)
-        try:
-            os.utime(path)
-            return key
-        except FileNotFoundError:
-            pass
         self.root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{key}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, np.ascontiguousarray(pixels), allow_pickle=False)
-        os.replace(tmp, path)
+        with self._locked(fcntl.LOCK_SH):
+            try:
+                os.utime(path)
+                return key
+            except FileNotFoundError:
+                pass
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{key}.", suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                np.save(f, np.ascontiguousarray(pixels), allow_pickle=False)
+            os.replace(tmp, path)
         return key
+
+    @contextmanager
+    def _locked(self, kind: int) -> Iterator[None]:
+        """The folder's advisory lock (see the module docstring); the folder must exist."""
+        with open(self.root / LOCK_FILE, "a") as lock:
+            fcntl.flock(lock, kind)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def missing(self, keys: Iterable[str]) -> list[str]:
         """The keys not in the store (each once, in first-seen order)."""
@@ -88,22 +111,35 @@ class PixelStore:
         """Delete the keys' pixels, except those put (or put again) at or after `put_before` (a
         time.time(); None: delete all): an episode still playing may have drawn the same page since.
         Returns how many were deleted."""
+        if not self.root.is_dir():
+            return 0
         freed = 0
-        for key in dict.fromkeys(keys):
-            path = self.path(key)
-            try:
-                if put_before is not None and path.stat().st_mtime >= put_before:
+        with self._locked(fcntl.LOCK_EX):
+            for key in dict.fromkeys(keys):
+                path = self.path(key)
+                try:
+                    if put_before is not None and path.stat().st_mtime >= put_before:
+                        continue
+                    path.unlink()
+                    freed += 1
+                except FileNotFoundError:
                     continue
-                path.unlink()
-                freed += 1
-            except FileNotFoundError:
-                continue
         return freed
+
+    def keys(self) -> list[str]:
+        return [p.stem for p in self.root.glob("*.npy")]
+
+    def free_unheld(self, since: float, held: Iterable[str] = ()) -> int:
+        """Free every screenshot but those put (or put again) after `since` (less CLOCK_MARGIN_S),
+        a time.time() before which no episode still playing began, and the `held` keys (those of
+        trajectories played but not trained yet). Returns how many were freed."""
+        keep = set(held)
+        return self.free([key for key in self.keys() if key not in keep], put_before=since - CLOCK_MARGIN_S)
 
     def clear(self) -> int:
         """Delete everything (a run starting, resuming or ending: no trajectory from before holds a
         key) and the folder itself; a later put makes it again."""
-        freed = self.free(p.stem for p in self.root.glob("*.npy"))
+        freed = self.free(self.keys())
         shutil.rmtree(self.root, ignore_errors=True)
         return freed
 

@@ -6,7 +6,7 @@ the pixel_values that would have travelled with the trajectories."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +94,16 @@ class MissingScreenshots(KeyError):
     """Screenshots asked for that are not (or no longer) in the pixel store."""
 
 
+@dataclass(frozen=True)
+class HeldScreens:
+    """What freeing screenshots between steps must keep when episodes are played while steps train:
+    no episode still playing (or played, not yet received) began before `since` (a time.time()), and
+    `keys` are those of the trajectories received and not yet trained."""
+
+    since: float
+    keys: frozenset[str]
+
+
 @dataclass
 class FetchCounts:
     images: int = 0  # images handed out as pixel_values
@@ -112,19 +122,27 @@ class ScreenPixels:
         self.store = store
         self.processor = AutoProcessor.from_pretrained(model_dir)
         self.counts = FetchCounts()
+        # set by an asynchronous pipeline, whose generator plays while steps train: what to keep
+        self.held: Callable[[], HeldScreens] | None = None
 
     def missing(self, keys: Sequence[str]) -> list[str]:
         return self.store.missing(keys)
 
     def take_counts(self) -> FetchCounts:
-        """What was fetched since the last call or `free_all` (a step's generation and training)."""
+        """What was fetched since the last call or `free_between_steps` (a step's generation and
+        training; in an asynchronous pipeline the generator process fetches its own, not counted here)."""
         counts, self.counts = self.counts, FetchCounts()
         return counts
 
-    def free_all(self) -> None:
-        """Between steps (sync pipeline: no episode in flight): every screenshot freed, and what the
-        evaluations just fetched left out of the next step's counts."""
-        self.store.clear()
+    def free_between_steps(self) -> None:
+        """Between steps: every screenshot no episode still needs freed (all of them when none plays
+        meanwhile, the sync pipeline; else all but `held`'s), and what the evaluations just fetched
+        left out of the next step's counts."""
+        if self.held is None:
+            self.store.clear()
+        else:
+            held = self.held()
+            self.store.free_unheld(held.since, held.keys)
         self.counts = FetchCounts()
 
     def __call__(self, keys: Sequence[str]) -> torch.Tensor:
@@ -155,4 +173,14 @@ def attach_screens(spec: Any, model_dir: str | os.PathLike[str], *consumers: Any
     screens = ScreenPixels(spec.pixel_store, model_dir)
     for consumer in consumers:
         consumer.screens = screens
+    return screens
+
+
+def attach_run_screens(spec: Any, student_dir: str | os.PathLike[str], policy: Any, teachers: Any) -> ScreenPixels | None:
+    """In an env that shows screenshots, the pixel sources of whatever plays and scores its episodes:
+    the student's policy (returned: the trainer reads the same) and each teacher that reads
+    screenshots (a VLM teacher, through its own processor); teachers: a mapping of them."""
+    screens = attach_screens(spec, student_dir, policy)
+    for teacher in (t for t in teachers.values() if t.reads_screenshots):
+        attach_screens(spec, teacher.model_dir, teacher)
     return screens

@@ -50,7 +50,7 @@ class Addons:
     def between_steps(self) -> None:
         """After a step's training and evaluations: no trajectory holds its screenshots any more."""
         if self.screens is not None:
-            self.screens.free_all()
+            self.screens.free_between_steps()
 
 
 @contextmanager

@@ -83,12 +83,12 @@ def check_judge(cfg: RunConfig) -> None:
 
 
 def check_screenshots(cfg: RunConfig) -> None:
-    """An env that shows screenshots runs what passes screenshot keys through and frees them after each
-    step: the transformers policy (it fetches the images of a generation batch), the sync pipeline
-    (nothing plays while the step's screenshots are freed), a teacher that scores from the batch (the
+    """An env that shows screenshots runs what passes screenshot keys through: the transformers policy
+    (it fetches the images of a generation batch), a teacher that scores from the batch (the
     in-process full estimator would read the student's image tokens, not the teacher's text), no judge
     and no world model (their prompts have no images); a multi-env run none (its pixel store and the
-    student's screenshots are one env's)."""
+    student's screenshots are one env's). Every pipeline mode: the asynchronous ones free a step's
+    screenshots keeping those the generator's episodes hold (pipeline.generator.held_screens)."""
     screenshots = [env for env in cfg.envs if shows_screenshots(ENVS.get(env))]
     if screenshots:
         raise RecipeError(f"recipe key 'envs': env {screenshots[0]!r} shows screenshots; a multi-env run plays "
@@ -96,8 +96,6 @@ def check_screenshots(cfg: RunConfig) -> None:
     if not shows_screenshots(ENVS.get(cfg.env.name)):
         return
     why = {"policy.backend": (cfg.policy.backend != "transformers", "only the transformers policy takes images"),
-           "pipeline.mode": (cfg.pipeline.mode != "sync", "screenshots are freed after each step, with nothing "
-                             "in flight only in sync mode"),
            "objective.estimator": (ESTIMATORS.get(cfg.objective.estimator).needs_teacher_model,
                                    "the in-process teacher would read the student's image tokens; use k1, k3 or "
                                    "topk (the teacher scores its own text prompt)"),

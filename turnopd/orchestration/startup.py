@@ -28,7 +28,7 @@ from turnopd.core.ledger import Ledger
 from turnopd.core.metrics import WorkSpent, truncate_after_step
 from turnopd.core.pixels import PixelStore, default_pixel_root
 from turnopd.loaders.hf_models import load_student
-from turnopd.loaders.screens import ScreenPixels, attach_screens
+from turnopd.loaders.screens import ScreenPixels, attach_run_screens
 from turnopd.models import prepare_model
 from turnopd.orchestration.outcomes import Outcomes
 from turnopd.orchestration.pipeline import make_depth
@@ -171,10 +171,8 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> DistillRun:
     seed_everything(cfg.seed)  # after the builds, which draw random numbers of their own
     trainer, tokenizer, policy, teachers = load_models(cfg, setup)
     run_pixel_store(cfg, setup.spec, run_dir)
-    screens = attach_screens(setup.spec, setup.student_path, policy)
+    screens = attach_run_screens(setup.spec, setup.student_path, policy, teachers)
     trainer.images = screens  # a student that reads screenshots trains on their pixels
-    for teacher in (t for t in teachers.values() if t.reads_screenshots):
-        attach_screens(setup.spec, teacher.model_dir, teacher)  # a VLM teacher: its own processor
     depth = make_depth(cfg)
     outcomes = Outcomes(cfg)
 

@@ -32,6 +32,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 import traceback
 from bisect import bisect_right
 from collections import deque
@@ -53,6 +54,7 @@ from turnopd.core.distributed import rank_and_world
 from turnopd.core.ledger import Ledger
 from turnopd.core.types import Trajectory
 from turnopd.loaders.hf_models import load_student
+from turnopd.loaders.screens import HeldScreens, attach_run_screens
 from turnopd.orchestration.pipeline.base import PIPELINE_MODES, PipelineMode, PipelineStats
 from turnopd.orchestration.pipeline.mixture import EnvPools, MixturePlan, env_parts, env_plans, open_pools
 from turnopd.orchestration.pipeline.plan import (
@@ -100,6 +102,9 @@ class Produced:
     phases: dict[str, float]
     busy: dict[str, float]
     teacher_replicas: dict[str, Any]
+    # a time.time() before which no request the generator is still answering began (when it sent
+    # this): the screenshots older than that and not in a received trajectory are no episode's
+    answering_since: float
 
 
 @dataclass
@@ -150,6 +155,7 @@ def _generator_main(cfg: RunConfig, setup: Setup, weights: SharedWeights, reques
                     student, tokenizer = load_student(setup.student_path, weights.dtype, cfg.student.lora)
                     policy = make_policy(cfg.policy, student, tokenizer=tokenizer, dtype=weights.dtype, seed=cfg.seed)
                 policy.weight_version = -1  # the folder's weights, not yet the trainer's
+                attach_run_screens(setup.spec, setup.student_path, policy, teachers)  # an env of screenshots
                 pools = stack.enter_context(open_pools(cfg, setup))  # one per env of the run
             asyncio.run(_serve(cfg, setup, weights, requests, results, stop, trainer, ledger, policy, pools,
                                teachers))
@@ -180,6 +186,7 @@ async def _serve(cfg: RunConfig, setup: Setup, weights: SharedWeights, requests:
     slots = {env: SlotPool(generator_slots(view)) for env, (view, _) in parts.items()}
     policy.before_batch = lambda: weights.load_into(policy, trainer.is_alive)
     answering: set[asyncio.Task] = set()
+    began: dict[int, float] = {}  # request id -> when its answer began (time.time()), until it is sent
 
     def running() -> bool:
         return trainer.is_alive() and not stop.value
@@ -194,6 +201,7 @@ async def _serve(cfg: RunConfig, setup: Setup, weights: SharedWeights, requests:
                                       teacher_tokenizer=teacher_tokenizer(cfg, teachers, request.env))
 
     async def answer(request: GenerationRequest) -> None:
+        began[request.id] = time.time()
         try:
             with ledger.busy("answering"):
                 # probes (and one_step_off batches) wait for the weights of their step
@@ -206,12 +214,15 @@ async def _serve(cfg: RunConfig, setup: Setup, weights: SharedWeights, requests:
             phases = ledger.end_step()  # the generator's startup, if this is its first answer
             busy = dict(ledger.last_busy)
             phases["idle"] = max(0.0, ledger.last_step_time_s - busy.pop("answering", 0.0))
+            del began[request.id]  # its trajectories go with the message: the trainer holds their screenshots
             results.send(Produced(request.id, trajectories, {**phases, **weights.take_load_seconds()}, busy,
-                                  replica_stats(teachers)))
+                                  replica_stats(teachers), min(began.values(), default=time.time())))
         except (PeerGone, BrokenPipeError, asyncio.CancelledError):
             return  # the run is over, or the training process is gone: nobody to answer
         except Exception:
             results.send(GeneratorFailed(traceback.format_exc()))
+        finally:
+            began.pop(request.id, None)
 
     while (request := await loop.run_in_executor(None, _next_request, requests, stop, trainer)) is not None:
         task = loop.create_task(answer(request))
@@ -328,6 +339,7 @@ class GeneratorRollouts:
         self._next_id = 0
         self._stats = PipelineStats(self.mode)
         self._replica_stats: dict[str, Any] = {}  # the generator's, since the last take_replica_stats
+        self._answering_since = time.time()  # no request is answered before the generator starts
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         # One core each on a 2-core machine: the generator takes half the threads, the trainer the rest.
         self._threads_before = torch.get_num_threads()
@@ -399,6 +411,16 @@ class GeneratorRollouts:
             print(f"pipeline {self.mode}: run over with {untrained} trajectories generated and not trained, "
                   f"and {len(self.pending)} requests unanswered (dropped)", file=sys.stderr)
         torch.set_num_threads(self._threads_before)
+
+    def held_screens(self) -> HeldScreens:
+        """What freeing screenshots must keep now (an env of screenshots): those of the trajectories
+        received and not trained, and those put since the generator's oldest unfinished answer began
+        (its newest report; a request it has not picked up yet begins later)."""
+        self._poll()
+        received = [t for s in self.streams.values() for t in s.fifo] + [
+            t for answer in self.answers.values() for t in answer.trajectories]
+        return HeldScreens(self._answering_since,
+                           frozenset(key for t in received for turn in t.turns for key in turn.image_keys))
 
     @property
     def generator_pid(self) -> int:
@@ -497,6 +519,7 @@ class GeneratorRollouts:
             return
         self.ledger.add_generator(message.phases, message.busy)
         self._replica_stats = merge_replica_stats(self._replica_stats, message.teacher_replicas)
+        self._answering_since = message.answering_since
         request = self.pending.pop(message.request_id)
         if request.wave:
             self.streams[request.env].fifo.extend(message.trajectories)
@@ -547,16 +570,24 @@ class GeneratorRollouts:
 
 @contextmanager
 def _open_generator(cfg: RunConfig, setup: Setup, *, trainer: Any, depth: DepthSchedule | EnvDepths, ledger: Ledger,
-                    start_step: int, **_: Any) -> Iterator[GeneratorRollouts]:
-    """Start the generator process with the trainer's current weights (version `start_step`); stop it on exit."""
+                    start_step: int, addons: Any = None, **_: Any) -> Iterator[GeneratorRollouts]:
+    """Start the generator process with the trainer's current weights (version `start_step`); stop it on
+    exit. A student's screenshots are freed between steps keeping what the generator's episodes hold
+    (held_screens), and all of them once it has stopped."""
     with trainer.gathered_parameters() as module:
         weights = SharedWeights(module, version=start_step)
     rollouts = GeneratorRollouts(cfg, setup, weights, ledger, start_step=start_step,
                                  streams=env_streams(cfg, setup, depth, start_step))
+    screens = addons.screens if addons is not None else None
+    if screens is not None:
+        screens.held = rollouts.held_screens
     try:
         yield rollouts
     finally:
         rollouts.close()
+        if screens is not None:
+            screens.held = None
+            screens.free_between_steps()
 
 
 PIPELINE_MODES.register("one_step_off")(PipelineMode(open=_open_generator, off_policy=True))
