@@ -4,6 +4,7 @@ by side in one run, on real ALFWorld games.
     python benchmarks/pipeline_overlap.py                          # tiny random teacher and student
     python benchmarks/pipeline_overlap.py --teacher teachers/alfworld/teacher.yaml --steps 12
     python benchmarks/pipeline_overlap.py --modes sync pool --seeds 0 1 --sync-threads 1 2
+    python benchmarks/pipeline_overlap.py --env webshop_screenshot    # AsyncWebRL's setting: a VLM on screenshots
 
 Every run is `turnopd distill` in its own process, one after another, on a recipe this script writes
 (TurnOPD: adaptive depth with probes, progressive loss; k1 with clip_eps 0.2 in every mode so that the
@@ -16,12 +17,20 @@ costs about as much as generation): their accuracy stays at zero, so only the cl
 With --teacher (a teacher.yaml, e.g. the one `turnopd sft recipes/alfworld/teacher_sft.yaml` writes)
 the student shares its tokenizer and the frontier compares accuracy too.
 
+`--env webshop_screenshot` (docs/results/screenshot-throughput-design.md): the student is a random-init
+tiny VLM of the screenshot recipe's shape (turnopd.models.vlm: text hidden 128 x 3 layers, SigLIP tower
+hidden 128, 576 image tokens a screen) reading each turn's screenshot through the pixel store, the
+teacher a random-init tiny text model on its tokenizer scoring the page's text (as
+recipes/webshop/screenshot.yaml's does); saved to pipeline_overlap_screenshots.json.
+
 Reported per mode, from metrics.jsonl (steps after the first, whose clock includes the generator's
 start-up): wall-clock per optimizer step (mean of step_time_s; eval and checkpoint excluded), the
 trainer's idle fraction (1 - train phase / step time: everything the training process does besides
 forward/backward/optimizer step, i.e. waiting for rollouts in sync mode and for the generator process
-in the others), generated and trained tokens per second of step time, the generator's idle fraction,
-the trajectories' staleness, and the speedup of the mean step time over sync's. Then `turnopd
+in the others), generated and trained tokens per second of step time, trajectories per second of step time, the idle
+share of each resource (1 - its busy seconds / step time: generation, env, teacher, trainer), the
+generator's idle fraction, the trajectories' staleness, and the speedup of the mean step time over
+sync's. Then `turnopd
 frontier --md` on the runs: Avg@k against the training wall-clock, Same-Step and Least-Time.
 Figures depend on the machine and on what else runs on it.
 """
@@ -66,6 +75,25 @@ pipeline: {{max_staleness: 1}}
 tracking: []
 """
 
+SCREENSHOT_RECIPE = """
+name: bench
+output_dir: {out}/runs
+student: {{path: {out}/models/vlm-student}}
+teachers: {{webshop_screenshot: {teacher}}}
+env: {{name: webshop_screenshot, max_turns: {max_turns}, answer_format: action, history_length: 1, num_workers: 2,
+       eval_split: test, options: {{screenshot_window: 1}}}}
+policy: {{backend: transformers, max_new_tokens: {new_tokens}, temperature: 1.0}}
+objective: {{estimator: k1, clip_eps: 0.2}}
+loss: {{mode: progressive}}
+depth: {{mode: adaptive, warmup_steps: 2, probe_every: 4, num_probes: {episodes}, min_successes: 1}}
+trainer: {{steps: {steps}, episodes_per_step: {episodes}, lr: 1.0e-4}}
+eval: {{every: {eval_every}, max_tasks: {eval_tasks}}}
+checkpoint: {{every: 0, keep_last: 1}}
+pipeline: {{max_staleness: 1}}
+tracking: []
+"""
+RESOURCES = ("generation", "env", "teacher", "trainer")
+
 
 def prepare_models(out: Path, teacher_spec: str | None, hidden: int) -> tuple[str, str]:
     """(teacher spec path, tokenizer folder): the given teacher, or a tiny random one built here."""
@@ -83,6 +111,27 @@ def prepare_models(out: Path, teacher_spec: str | None, hidden: int) -> tuple[st
     spec.write_text(f"name: tiny-random-teacher\nmodel: {teacher_dir}\nbackend: transformers\ndtype: float32\n"
                     "max_length: 2048\n")
     return str(spec), str(teacher_dir)
+
+
+def prepare_screenshot_models(out: Path) -> str:
+    """The teacher spec of a random-init text teacher on the tokenizer of a random-init tiny VLM student
+    (out/models/vlm-student), both built here once."""
+    from turnopd.models import vlm
+    from turnopd.models.tiny import build_tiny_model
+
+    models = out / "models"
+    student, teacher = models / "vlm-student", models / "text-teacher"
+    if not student.exists():
+        texts = [page.text for page in vlm.play_pages("train", 20)]
+        vlm.build_tiny_vlm(student, texts, seed=0, hidden_size=128, num_layers=3, num_heads=4,
+                           max_position_embeddings=4096)
+    if not teacher.exists():
+        build_tiny_model(teacher, tokenizer=student, hidden_size=128, num_layers=2, num_heads=2,
+                         max_position_embeddings=4096, seed=3)
+    spec = models / "text-teacher.yaml"
+    spec.write_text(f"name: tiny-random-text-teacher\nmodel: {teacher}\nbackend: transformers\ndtype: float32\n"
+                    "max_length: 4096\n")
+    return str(spec)
 
 
 def run_mode(recipe: Path, label: str, mode: str, threads: int, seed: int) -> Path:
@@ -107,6 +156,9 @@ def summarize(run_dir: Path) -> dict[str, float]:
     generator = [sum(r["generator_phases"].values()) for r in train]
     generator_idle = sum(r["generator_phases"].get("idle", 0.0) for r in train)
     return {
+        "trajectories_s": sum(r["episodes"] for r in train) / step_time,
+        **{f"idle_{resource}": 1 - sum(r["busy"].get(resource, 0.0) for r in train) / step_time
+           for resource in RESOURCES},
         "step_s": step_time / len(train),
         "step_median_s": statistics.median(r["step_time_s"] for r in train),
         "trainer_idle": 1 - sum(r["phases"].get("train", 0.0) for r in train) / step_time,
@@ -133,17 +185,25 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--eval-tasks", type=int, default=4)
     parser.add_argument("--teacher", help="a teacher.yaml (default: a tiny random teacher built here)")
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench-pipeline")
+    parser.add_argument("--env", choices=("alfworld", "webshop_screenshot"), default="alfworld",
+                        help="webshop_screenshot: a tiny VLM student on screenshots (its own random models)")
+    parser.add_argument("--out", type=Path, help="default: runs/bench-pipeline[-screenshots]")
     args = parser.parse_args()
 
-    out = args.out.resolve()
+    shots = args.env == "webshop_screenshot"
+    if shots and args.teacher:
+        parser.error("--teacher is for ALFWorld; the screenshot runs build their own random models")
+    out = (args.out or REPO / "runs" / ("bench-pipeline-screenshots" if shots else "bench-pipeline")).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    teacher, tokenizer = prepare_models(out, args.teacher, args.hidden)
     recipe = out / "recipe.yaml"
-    recipe.write_text(RECIPE.format(out=out, teacher=teacher, tokenizer=tokenizer, hidden=args.hidden,
-                                    layers=args.layers, heads=max(1, args.hidden // 64), max_turns=args.max_turns,
-                                    new_tokens=args.new_tokens, episodes=args.episodes, steps=args.steps,
-                                    eval_every=args.eval_every, eval_tasks=args.eval_tasks))
+    sizes = dict(out=out, max_turns=args.max_turns, new_tokens=args.new_tokens, episodes=args.episodes,
+                 steps=args.steps, eval_every=args.eval_every, eval_tasks=args.eval_tasks)
+    if shots:
+        recipe.write_text(SCREENSHOT_RECIPE.format(teacher=prepare_screenshot_models(out), **sizes))
+    else:
+        teacher, tokenizer = prepare_models(out, args.teacher, args.hidden)
+        recipe.write_text(RECIPE.format(teacher=teacher, tokenizer=tokenizer, hidden=args.hidden, layers=args.layers,
+                                        heads=max(1, args.hidden // 64), **sizes))
     print(f"recipe: {recipe}; {os.cpu_count()} CPUs", flush=True)
 
     variants = {}  # label -> (mode, threads)
@@ -158,27 +218,32 @@ def main() -> None:
     baseline = min((m["step_s"] for label, m in mean.items() if variants[label][0] == "sync"),
                    default=next(iter(mean.values()))["step_s"])
 
-    print(f"\n**pipeline overlap: {args.steps} steps x {args.episodes} episodes, ALFWorld max_turns "
+    env = "screenshot WebShop" if shots else "ALFWorld"
+    print(f"\n**pipeline overlap: {args.steps} steps x {args.episodes} episodes, {env} max_turns "
           f"{args.max_turns}, seeds {args.seeds}; means over steps 2..{args.steps}**\n")
-    print("| mode | threads | s / step | median | speedup vs sync | trainer idle | generator idle | gen tok/s | "
-          "trained tok/s | staleness | dropped |")
-    print("|---|" + "---:|" * 10)
+    print("| mode | threads | s / step | median | speedup vs sync | trajectories / s | trainer idle | generator idle | "
+          "gen tok/s | trained tok/s | staleness | dropped | idle: " + ", ".join(RESOURCES) + " |")
+    print("|---|" + "---:|" * 12)
     for label, m in mean.items():
         generator_idle = "–" if math.isnan(m["generator_idle"]) else f"{100 * m['generator_idle']:.0f}%"
+        idle = ", ".join(f"{100 * m[f'idle_{r}']:.0f}%" for r in RESOURCES)
         print(f"| {label} | {variants[label][1]} | {m['step_s']:.2f} | {m['step_median_s']:.2f} | "
-              f"{baseline / m['step_s']:.2f}x | {100 * m['trainer_idle']:.0f}% | {generator_idle} | "
-              f"{m['generated_tok_s']:.1f} | {m['trained_tok_s']:.0f} | {m['staleness']:.2f} | {m['dropped']:.0f} |")
+              f"{baseline / m['step_s']:.2f}x | {m['trajectories_s']:.3f} | {100 * m['trainer_idle']:.0f}% | "
+              f"{generator_idle} | {m['generated_tok_s']:.1f} | {m['trained_tok_s']:.0f} | {m['staleness']:.2f} | "
+              f"{m['dropped']:.0f} | {idle} |")
     print()
     sync = [label for label in variants if variants[label][0] == "sync"]
     paired = []
     for label in variants:
         paired.append(Summary.of(f"{label}: s per step", [r["step_s"] for r in rows[label]], "s"))
+        paired.append(Summary.of(f"{label}: trajectories per second", [r["trajectories_s"] for r in rows[label]], "/s"))
         if sync and label not in sync:  # against the fastest sync run of the same seed
             paired.append(Summary.of(f"{label} speed-up over sync", [
                 min(summarize(runs[s, seed])["step_s"] for s in sync) / summarize(runs[label, seed])["step_s"]
                 for seed in args.seeds], "x"))
-    save_result("pipeline_overlap", f"asynchronous pipeline vs sync ({args.steps} steps x {args.episodes} episodes, "
-                f"ALFWorld max_turns {args.max_turns}, {'given teacher' if args.teacher else 'tiny random models'}; "
+    save_result("pipeline_overlap_screenshots" if shots else "pipeline_overlap",
+                f"asynchronous pipeline vs sync ({args.steps} steps x {args.episodes} episodes, "
+                f"{env} max_turns {args.max_turns}, {'given teacher' if args.teacher else 'tiny random models'}; "
                 f"repeats = seeds {args.seeds})", paired, [{"variant": label, "seed": seed, **summarize(runs[label, seed])}
                                                            for label in variants for seed in args.seeds])
     first = next(iter(runs.values())).name  # a sync run's, when there is one

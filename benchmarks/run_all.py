@@ -61,11 +61,13 @@ BENCHMARKS = [
     Benchmark("familiarity_overhead", "main", ["benchmarks/familiarity_overhead.py"],
               ["--trajectories", "2", "--turns", "2"], needs=("runs/teachers/alfworld", STUDENT)),
     Benchmark("cross_tokenizer_cost", "main", ["benchmarks/cross_tokenizer_cost.py"], ["--steps", "1"],
-              needs=("runs/teachers/alfworld-smollm2-chat", STUDENT)),
+              needs=("runs/teachers/alfworld-smollm2", STUDENT)),  # the recipe's teacher: teachers/alfworld/smollm2.yaml
     Benchmark("generation_batching", "main", ["benchmarks/generation_batching.py"], ["--prompts", "4"],
               needs=("runs/teachers/webshop",)),
     Benchmark("pipeline_overlap", "main", ["benchmarks/pipeline_overlap.py"],
               ["--steps", "3", "--seeds", "0", "--hidden", "64", "--layers", "1"]),
+    Benchmark("pipeline_overlap_screenshots", "main", ["benchmarks/pipeline_overlap.py", "--env", "webshop_screenshot"],
+              ["--steps", "3", "--seeds", "0"], {"OMP_NUM_THREADS": "2"}),
     Benchmark("trl_end_to_end", "main", ["benchmarks/trl_end_to_end.py"],
               ["--models", "tiny", "--steps", "2", "--warmup", "1", "--repeats", "1"], needs=(".venv-trl",)),
 ]
