@@ -139,12 +139,7 @@ def new_tiny_vlm(
     from turnopd.models.tiny import build_tokenizer, check_text_shape, text_config
 
     check_text_shape(arch, hidden_size, num_heads)
-    if SCREEN_PIXELS % patch_size:
-        raise ValueError(f"patch_size {patch_size} does not divide the screen's {SCREEN_PIXELS} pixels")
-    if num_channels not in (1, 3):
-        raise ValueError(f"num_channels must be 1 (grayscale) or 3 (replicated RGB), not {num_channels}")
-    if screen_layout not in SCREEN_LAYOUTS:
-        raise ValueError(f"screen_layout must be one of {SCREEN_LAYOUTS}, not {screen_layout!r}")
+    check_screen_options(patch_size, num_channels, screen_layout)
     # tiny's byte-level BPE with the image placeholder: a text teacher built with image_token has it too
     tok = build_tokenizer(texts, vocab_size=vocab_size, model_max_length=max_position_embeddings, image_token=True)
     language = text_config(tok, arch=arch, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
@@ -173,6 +168,15 @@ def new_tiny_vlm(
                                patch_size=patch_size, vision_feature_select_strategy="full",
                                chat_template=tok.chat_template, image_token=IMAGE_TOKEN)
     return model, processor
+
+
+def check_screen_options(patch_size: int, num_channels: int, screen_layout: str) -> None:
+    if SCREEN_PIXELS % patch_size:
+        raise ValueError(f"patch_size {patch_size} does not divide the screen's {SCREEN_PIXELS} pixels")
+    if num_channels not in (1, 3):
+        raise ValueError(f"num_channels must be 1 (grayscale) or 3 (replicated RGB), not {num_channels}")
+    if screen_layout not in SCREEN_LAYOUTS:
+        raise ValueError(f"screen_layout must be one of {SCREEN_LAYOUTS}, not {screen_layout!r}")
 
 
 def init_cell_patches(patch_embedding: torch.nn.Conv2d) -> None:

@@ -316,13 +316,9 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None, final_dir: Path | None = 
     result = evaluate_sft_model(cfg, spec, output, dtype, eval_tasks, eval_split) if cfg.eval.enabled else None
     avg_at_1, per_type, mean_turns = (result.avg_at_k, result.per_type, result.mean_turns) if result else (
         float("nan"), {}, float("nan"))
-    held_out = "not evaluated"
-    if result is not None:
-        held_out = f"held-out Avg@1 {100 * avg_at_1:.1f}% on {len(eval_tasks)} {eval_split} tasks"
-        if result.env_failures:
-            held_out += f", {result.env_failures} of them ended by env errors"
     eval_time = time.perf_counter() - eval_start
 
+    held_out = held_out_line(result, len(eval_tasks), eval_split)
     spec_path = _write_teacher_spec(cfg, output, tokenizer, recipe, dtype, held_out) if cfg.teacher_spec else None
     final = [loss for loss, _ in losses[-10:]]
     summary = SFTResult(
@@ -337,6 +333,14 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None, final_dir: Path | None = 
     checkpoints.remove()  # the build is complete: its output folder is what a rerun would redo
     print_sft_summary(cfg, summary)
     return summary
+
+
+def held_out_line(result: EvalResult | None, tasks: int, split: str) -> str:
+    """What the teacher spec's comment says of the held-out evaluation."""
+    if result is None:
+        return "not evaluated"
+    line = f"held-out Avg@1 {100 * result.avg_at_k:.1f}% on {tasks} {split} tasks"
+    return line + (f", {result.env_failures} of them ended by env errors" if result.env_failures else "")
 
 
 def load_sft_model(model_dir: Path, train_top_layers: int | None) -> Any:
