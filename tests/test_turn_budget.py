@@ -83,6 +83,19 @@ def test_step_record_round_trips_and_reads_older_records():
     assert (older.step, older.turn_signal_profiles, older.h_cov) == (1, {}, None)
 
 
+def test_mean_turns_of_won_and_lost_episodes():
+    from turnopd.core.types import EpisodeSummary
+    from turnopd.orchestration.run_log import mean_turns_of
+
+    def episode(depth: int, won: bool, env_error: str = "") -> EpisodeSummary:
+        return EpisodeSummary("t", "", won, depth, False, 0, 0, env_error)
+
+    episodes = [episode(4, True), episode(10, True), episode(40, False), episode(25, False), episode(3, False, "hung")]
+    assert mean_turns_of(episodes, won=True) == 7.0  # (4 + 10) / 2
+    assert mean_turns_of(episodes, won=False) == 32.5  # (40 + 25) / 2: the env's error is neither
+    assert mean_turns_of(episodes[2:], won=True) is None
+
+
 def test_an_evaluation_is_off_the_training_clock_and_carries_its_own_time():
     now = [100.0]
     ledger = Ledger(clock=lambda: now[0])

@@ -82,6 +82,10 @@ class StepRecord:
     episodes: int = 0
     mean_turns: float = 0.0
     success_rate: float = 0.0
+    # the won and the other episodes' mean turns (None: none such; an episode the env ended with an
+    # error is neither; one the depth cap stopped is not won): whether wins and losses get shorter
+    mean_turns_won: float | None = None
+    mean_turns_lost: float | None = None
     truncated_rate: float = 0.0
     invalid_action_rate: float = 0.0
     env_failures: int = 0  # episodes the env ended itself, and their errors by message

@@ -144,6 +144,7 @@ def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: Dept
         env_steps=sum(e.depth for e, t in zip(episodes, traces, strict=True) if not t.played),  # not a world model's
         episodes=len(episodes), mean_turns=turns / len(episodes),
         success_rate=sum(e.success for e in episodes) / len(episodes),
+        mean_turns_won=mean_turns_of(episodes, won=True), mean_turns_lost=mean_turns_of(episodes, won=False),
         truncated_rate=sum(e.truncated for e in episodes) / len(episodes),
         invalid_action_rate=sum(e.invalid_actions for e in episodes) / max(turns, 1),
         env_failures=sum(e.failed_by_env for e in episodes), env_errors=env_errors(episodes),
@@ -162,6 +163,13 @@ def screenshot_fields(screens: ScreenPixels, trajectories: list[Trajectory], tra
             "screen_bytes": round(len(keys) * per_screen), "pixel_value_bytes": round(len(keys) * per_pixel_values),
             "fetched_images": counts.images, "store_bytes": screens.store.stats()["bytes"],
             "dropped": train.dropped, "missing": train.missing_images}
+
+
+def mean_turns_of(episodes: list[EpisodeSummary], won: bool) -> float | None:
+    """The mean turns of the won (or the other) episodes, those the env ended with an error left out;
+    None when there is none."""
+    turns = [e.depth for e in episodes if e.success == won and not e.failed_by_env]
+    return sum(turns) / len(turns) if turns else None
 
 
 def world_model_fields(episodes: list[EpisodeSummary]) -> dict[str, Any]:
