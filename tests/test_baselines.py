@@ -259,10 +259,13 @@ def test_tcod_recipes_take_tcods_interval_per_env(recipe, interval):
 # ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", ["tcod_f2b", "tcod_f2b_token_mean", "curriculum_trajectory", "asyncwebrl_constant",
-                                    "asyncwebrl_decoupled"])
-def test_baseline_methods_are_recipe_choices(method):
-    cfg = load_recipe(RECIPES / "quickstart.yaml", METHODS[method])
+@pytest.mark.parametrize(("method", "needs"), [
+    ("tcod_f2b", []), ("tcod_f2b_token_mean", []), ("curriculum_trajectory", []), ("asyncwebrl_constant", []),
+    ("asyncwebrl_decoupled", []),
+    ("asyncwebrl_constant_reward", ["trainer.group_size=2", "objective.estimator=k1"]),  # the reward term's
+])
+def test_baseline_methods_are_recipe_choices(method, needs):
+    cfg = load_recipe(RECIPES / "quickstart.yaml", [*METHODS[method], *needs])
     assert method_of(dataclasses.asdict(cfg)) == method
 
 
