@@ -207,6 +207,22 @@ def test_the_recipe_refuses_what_cannot_pass_screenshots(override, refused):
         load_recipe("recipes/webshop/screenshot.yaml", override.split())
 
 
+def test_each_rank_of_a_run_keeps_its_screenshots_in_a_folder_of_its_own(tmp_path, monkeypatch):
+    """A rank frees what its own episodes no longer hold; with one store for all ranks it would free
+    another rank's pages still playing. One rank: the run's folder itself."""
+    import turnopd.orchestration.startup as startup
+    from turnopd.core.pixels import PixelStore
+
+    cfg = load_recipe("recipes/webshop/screenshot.yaml", [f"env.options.pixel_store={tmp_path / 'px'}"])
+    spec = type("Spec", (), {"shows_screenshots": True, "pixel_store": PixelStore(tmp_path / "px")})()
+    stale = spec.pixel_store.put(np.zeros((12, 6), dtype=np.uint8))  # a killed run's page
+    startup.run_pixel_store(cfg, spec, tmp_path / "run")
+    assert spec.pixel_store.root == tmp_path / "px" and spec.pixel_store.missing([stale]) == [stale]
+    monkeypatch.setattr(startup, "rank_and_world", lambda: (1, 2))
+    startup.run_pixel_store(cfg, spec, tmp_path / "run")
+    assert spec.pixel_store.root == tmp_path / "px" / "rank1"
+
+
 RECIPE = """
 name: shots
 output_dir: {root}/runs

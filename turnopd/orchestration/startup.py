@@ -122,12 +122,16 @@ def load_models(cfg: RunConfig, setup: Setup) -> tuple[Trainer, Any, Policy, dic
 def run_pixel_store(cfg: RunConfig, spec: Any, run_dir: Path) -> None:
     """The env's pixel store for this run, emptied: by default a folder named after the run folder on
     the node's shared memory (a resumed run finds and frees what its killed self left), else the
-    recipe's env.options.pixel_store."""
+    recipe's env.options.pixel_store; with several ranks, a folder of each rank's own in it (a rank
+    frees what its own episodes no longer hold, which it cannot tell of another's)."""
     if not shows_screenshots(spec):
         return
     if "pixel_store" not in cfg.env.options:
         digest = hashlib.blake2b(str(run_dir.resolve()).encode(), digest_size=6).hexdigest()
         spec.pixel_store = PixelStore(default_pixel_root(f"{run_dir.name}-{digest}"))
+    rank, world = rank_and_world()
+    if world > 1:
+        spec.pixel_store = PixelStore(spec.pixel_store.root / f"rank{rank}")
     spec.pixel_store.clear()
 
 
