@@ -78,7 +78,7 @@ def test_plan_builds_one_command_per_method_and_seed():
 
 @pytest.mark.parametrize(("methods", "seeds", "overrides", "message"), [
     (["turnopd", "distilbert"], 1, [], "unknown method.*distilbert; allowed: adaptive_depth_only, asyncwebrl_constant, "
-     "asyncwebrl_decoupled, curriculum_trajectory, fixed_cap, progressive_loss_only, tcod_f2b, tcod_f2b_token_mean, "
+     "asyncwebrl_constant_reward, asyncwebrl_decoupled, curriculum_trajectory, fixed_cap, progressive_loss_only, tcod_f2b, tcod_f2b_token_mean, "
      "turnopd, turnopd_continuous, turnopd_familiarity_gate, turnopd_familiarity_weight, turnopd_world_model, "
      "vanilla_opd, vanilla_opd_reward, vanilla_opd_world_model, vanilla_opd_world_model_reward, "
      "vanilla_opd_world_model_wmrl"),
