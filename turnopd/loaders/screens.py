@@ -61,15 +61,16 @@ def screen_layout(processor: LlavaProcessor) -> str:
     return getattr(processor.image_processor, "screen_layout", "grid")
 
 
-def model_screen(screen: np.ndarray, processor: LlavaProcessor) -> np.ndarray:
+def model_screen(screen: np.ndarray, processor: LlavaProcessor, cell: tuple[int, int] | None = None) -> np.ndarray:
     """A uint8 [576, 576] screen as the model's tower sees it (its screen_layout): what the processor,
-    or vLLM, is given."""
+    or vLLM, is given. Any grid of the screen's cells moves the same way: `cell`, its cells' size in
+    pixels (default the renderer's; (1, 1) for one character code a cell)."""
     if screen_layout(processor) == "grid":
         return screen
     from envs.webshop.screenshot import CELL_H, CELL_W
 
     size = processor.patch_size
-    return tile_rows(np.asarray(screen), (CELL_H, CELL_W), (size // CELL_H, size // CELL_W))
+    return tile_rows(np.asarray(screen), cell or (CELL_H, CELL_W), (size // CELL_H, size // CELL_W))
 
 
 def screen_image(screen: np.ndarray) -> Image.Image:

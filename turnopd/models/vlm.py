@@ -68,7 +68,7 @@ from safetensors.torch import load_file, save_file
 from envs.base import IMAGE_PLACEHOLDER
 from turnopd.core.text import expand_placeholders
 from turnopd.loaders.hf_models import image_tokens_of
-from turnopd.loaders.screens import SCREEN_LAYOUTS, screen_layout, screen_pixel_values, tile_rows
+from turnopd.loaders.screens import SCREEN_LAYOUTS, model_screen, screen_pixel_values
 from turnopd.models.base import MODEL_PREPARERS, building
 
 if TYPE_CHECKING:
@@ -359,14 +359,9 @@ def patch_features(model: LlavaForConditionalGeneration, pixel_values: torch.Ten
 
 def cell_labels(pages: Sequence[PageShot], processor: LlavaProcessor) -> torch.Tensor:
     """The pages' cells under each patch of the processor's model, in its screen layout: [n, patches,
-    cells per patch] codes."""
-    from envs.webshop.screenshot import CELL_H, CELL_W
-
-    size = processor.patch_size
-    grids = [cell_grid(page.text) for page in pages]
-    if screen_layout(processor) == "row_tiles":  # the cells move as their pixels do (one pixel a cell)
-        grids = [torch.from_numpy(tile_rows(g.numpy(), (1, 1), (size // CELL_H, size // CELL_W))) for g in grids]
-    return torch.stack([patch_cells(g, size) for g in grids])
+    cells per patch] codes (the cells move as their pixels do: model_screen, one code a cell)."""
+    grids = [torch.as_tensor(model_screen(cell_grid(page.text).numpy(), processor, cell=(1, 1))) for page in pages]
+    return torch.stack([patch_cells(g, processor.patch_size) for g in grids])
 
 
 @torch.no_grad()
