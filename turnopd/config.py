@@ -854,3 +854,11 @@ def validate(cfg: DictConfig, schema: type = RunConfig,
 
 def to_yaml(cfg: Any) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def differing_keys(saved: Mapping[str, Any], now: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> list[str]:
+    """The top-level keys whose values differ between two configs, sorted; a key missing from `saved`
+    (a section added since it was written) reads as its `defaults` value."""
+    defaults = defaults or {}
+    return sorted(k for k in set(saved) | set(now) if saved.get(k, defaults.get(k)) != now.get(k))
+

@@ -42,7 +42,15 @@ from teachers import (
 )
 from teachers.spec import served_model_name
 from turnopd.algorithm.objective import ESTIMATORS
-from turnopd.config import EnvConfig, ModelConfig, RecipeError, RunConfig, env_mixture, to_yaml
+from turnopd.config import (
+    EnvConfig,
+    ModelConfig,
+    RecipeError,
+    RunConfig,
+    differing_keys,
+    env_mixture,
+    to_yaml,
+)
 from turnopd.core.checkpoint import list_checkpoints, saved_world_size
 from turnopd.core.distributed import rank_and_world
 from turnopd.orchestration.sweep import run_state
@@ -315,9 +323,9 @@ def check_resume_config(run_dir: Path, cfg: RunConfig) -> None:
     saved = OmegaConf.load(run_dir / "config.yaml")
     now, defaults = OmegaConf.create(to_yaml(cfg)), OmegaConf.create(to_yaml(RunConfig()))
     # a section added since the run was written (tracker, say) matches when the recipe leaves its defaults
-    diff = [k for k in set(saved) | set(now) if saved.get(k, defaults.get(k)) != now.get(k)]
+    diff = differing_keys(saved, now, defaults)
     if diff:
-        raise RecipeError(f"--resume {run_dir}: the recipe differs from the run's config.yaml in {sorted(diff)}")
+        raise RecipeError(f"--resume {run_dir}: the recipe differs from the run's config.yaml in {diff}")
 
 
 def auto_resume_dir(cfg: RunConfig) -> Path | None:

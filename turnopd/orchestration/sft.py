@@ -62,6 +62,7 @@ from turnopd.config import (
     RecipeError,
     TrainerConfig,
     compose,
+    differing_keys,
 )
 from turnopd.core import checkpoint as ckpt
 from turnopd.core.data import REPO_ROOT
@@ -531,8 +532,7 @@ class SFTCheckpoints:
         found = cls(out.with_name(f"{out.name}.checkpoints"), cfg.checkpoint_every, OmegaConf.to_yaml(training))
         saved = found.root / "recipe.yaml"
         if ckpt.list_checkpoints(found.root) and saved.read_text() != found.recipe:
-            was, now = OmegaConf.create(saved.read_text()), OmegaConf.create(found.recipe)
-            keys = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k))
+            keys = differing_keys(OmegaConf.create(saved.read_text()), OmegaConf.create(found.recipe))
             raise RecipeError(f"{found.root} holds the checkpoints of a killed build whose recipe differs in "
                               f"{keys}: run that recipe to finish it, or delete the folder to start this one")
         return found
