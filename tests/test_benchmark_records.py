@@ -260,6 +260,8 @@ def test_a_30_task_difference_is_called_only_when_both_intervals_exclude_zero():
     assert called(Interval(0.1, 0.02, 0.2), Interval(0.1, -0.01, 0.2)) == "no difference at this power"  # tasks: 0 inside
     assert called(Interval(0.1, -0.02, 0.2), Interval(0.1, 0.01, 0.2)) == "no difference at this power"  # seeds: 0 inside
     assert called(Interval(0.1, 0.02, 0.2), None) == "no difference at this power"
+    assert called(Interval(0.0, 0.0, 0.0), Interval(0.0, 0.0, 0.0)) == "equal in every seed and task"
+    assert called(Interval(0.0, 0.0, 0.0), Interval(0.0, -0.01, 0.01)) == "no difference at this power"  # a task moved
 
 
 def test_the_30_task_tables_read_the_first_regimes_saved_runs():
@@ -298,3 +300,24 @@ def test_the_30_task_builds_are_saved_restored_and_never_mixed(tmp_path, monkeyp
     (live / "job_model" / "job_model.pt").write_bytes(b"ensemble two")  # the job model's torch file counts too
     with pytest.raises(SystemExit, match="is not the build saved"):
         frontier_autoresearch.sync_builds()
+
+
+def test_the_autoresearch_30_page_is_its_saved_runs():
+    """docs/results/2026-12-07-autoresearch-30.md embeds --page's output for both regimes, unedited, and
+    its words quote the saved runs: one build, the gate's models, budgets held, every run at 8 of 30."""
+    from frontier_autoresearch import tables_30
+
+    saved = BENCHMARKS / "results" / "frontier_autoresearch"
+    page = (BENCHMARKS.parent / "docs" / "results" / "2026-12-07-autoresearch-30.md").read_text()
+    for regime, unit in (("equal_executions_30", "env_steps"), ("equal_clock_30", "train_time_s")):
+        tables = tables_30(regime, saved / regime)
+        assert tables in page
+        assert "seeds per arm: turnopd 5; vanilla_opd 5; vanilla_opd_reward 5; vanilla_opd_world_model_reward 5; " \
+               "vanilla_opd_world_model_wmrl 5." in tables
+        assert "code 9ff5fe96cea0e742; models: one build of each (student 10db39b3a217212b, " \
+               "teacher:autoresearch a82b2880694707e6)" in tables
+        assert f"Budgets ({unit}): 25 of 25 runs ended by theirs" in tables
+        # 8 of 30 tasks is 26.7%; every arm's interval has no width, so every comparison is "equal"
+        assert tables.count("| 5 | 26.7 [26.7, 26.7] |") == 5 and tables.count("equal in every seed and task") == 3
+    assert "| vanilla_opd_world_model_reward | 54 | 4 (4) | 3.42x [2.44, 5.42] | 100% |" in page
+    assert "| vanilla_opd_world_model_wmrl | 93 | 4 (4) | 1.97x [1.89, 2.04] | 100% |" in page
