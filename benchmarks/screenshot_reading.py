@@ -4,6 +4,7 @@ with its own screenshot against the same page with another page's (the gap is th
     OMP_NUM_THREADS=2 python benchmarks/screenshot_reading.py                 # the recipe's VLM shape, 100 steps
     python benchmarks/screenshot_reading.py --steps 100 --pages 16 --seeds 0
     python benchmarks/screenshot_reading.py --layouts grid row_tiles         # both screen layouts, side by side
+    python benchmarks/screenshot_reading.py --table benchmarks/results/screenshot_reading_layouts.json  # its table
 
 Per seed: a fresh `tiny_vlm` (turnopd.models.vlm.new_tiny_vlm, the shape of
 recipes/webshop/screenshot_student_sft.yaml's build: text hidden 128 x 3 layers, a SigLIP tower of
@@ -24,11 +25,14 @@ benchmarks/results/screenshot_reading.json, with several layouts to screenshot_r
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import torch
 from record import Summary, save_result
 
+from turnopd.analysis.frontier import t_interval
 from turnopd.loaders.screens import SCREEN_LAYOUTS
 from turnopd.models import vlm
 from turnopd.models.env_text import env_corpus
@@ -68,13 +72,52 @@ def run(seed: int, steps: int, pages: int, layout: str) -> dict:
             "parameters": model.num_parameters(), "pages": rows}
 
 
+READS = 0.05  # docs/results/reading-layout-design.md: a layout reads if its gap's interval lies above this
+
+
+def layout_table(samples: list[dict]) -> str:
+    """The layout comparison's table (docs/results/reading-layout-design.md) from a saved run's samples:
+    per layout the reading gap (token accuracy with the page's screen minus another page's), its mean
+    with the t interval over the held-out pages, and the means it comes from; then each layout's gap
+    minus the first layout's, paired by page (the same seed draws the same pages in the same order)."""
+    layouts = list(dict.fromkeys(s["layout"] for s in samples))
+
+    def rows(layout: str) -> list[dict]:
+        return [row for s in samples if s["layout"] == layout for row in s["pages"]]
+
+    def gaps(layout: str) -> list[float]:
+        return [row["token_accuracy"] - row["token_accuracy_swapped"] for row in rows(layout)]
+
+    def mean(layout: str, key: str) -> float:
+        return sum(row[key] for row in rows(layout)) / len(rows(layout))
+
+    lines = ["| layout | pages | reading gap [t 95% over pages] | reads (interval above 0.05) | token accuracy, "
+             "right / another page's screen | cell reader, right / another page's screen |",
+             "| --- | ---: | ---: | --- | ---: | ---: |"]
+    for layout in layouts:
+        gap = t_interval(gaps(layout))
+        lines.append(f"| {layout} | {len(rows(layout))} | {gap.value:+.3f} [{gap.lo:+.3f}, {gap.hi:+.3f}] | "
+                     f"{'yes' if gap.lo > READS else 'no'} | {mean(layout, 'token_accuracy'):.3f} / "
+                     f"{mean(layout, 'token_accuracy_swapped'):.3f} | {mean(layout, 'cell_accuracy'):.3f} / "
+                     f"{mean(layout, 'cell_accuracy_swapped'):.3f} |")
+    for layout in layouts[1:]:
+        d = t_interval([a - b for a, b in zip(gaps(layout), gaps(layouts[0]), strict=True)])
+        lines += ["", f"{layout} - {layouts[0]}, the reading gap paired by page: {d.value:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}] "
+                      "(t 95% over pages; one init seed, so seed variation is not in it)."]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--pages", type=int, default=16)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--layouts", nargs="+", default=["grid"], choices=SCREEN_LAYOUTS)
+    parser.add_argument("--table", metavar="FILE", help="print the layout table of a saved result file and run nothing")
     args = parser.parse_args()
+    if args.table:
+        print(layout_table(json.loads(Path(args.table).read_text())["samples"]), end="")
+        return
     samples = [run(seed, args.steps, args.pages, layout) for seed in args.seeds for layout in args.layouts]
     labels = {"cell_accuracy": "characters read from the patch features, right screen",
               "cell_accuracy_swapped": "characters read from the patch features, another page's screen",

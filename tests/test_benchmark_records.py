@@ -321,3 +321,25 @@ def test_the_autoresearch_30_page_is_its_saved_runs():
         assert tables.count("| 5 | 26.7 [26.7, 26.7] |") == 5 and tables.count("equal in every seed and task") == 3
     assert "| vanilla_opd_world_model_reward | 54 | 4 (4) | 3.42x [2.44, 5.42] | 100% |" in page
     assert "| vanilla_opd_world_model_wmrl | 93 | 4 (4) | 1.97x [1.89, 2.04] | 100% |" in page
+
+
+def test_the_reading_layout_table_pairs_pages_across_layouts():
+    """Two pages a layout, worked by hand with t(0.975, 1) = 12.706. Grid: gaps 0.5-0.4 = 0.1 and
+    0.3-0.3 = 0, mean 0.05, sd 0.0707107, half-width 12.706 x 0.0707107 / sqrt(2) = 0.6353. Row tiles:
+    gaps 0.3 and 0.5, mean 0.4, half-width 12.706 x 0.141421 / sqrt(2) = 1.2706. Paired by page: 0.2
+    and 0.5, mean 0.35, half-width 12.706 x 0.212132 / sqrt(2) = 1.9059."""
+    from screenshot_reading import layout_table
+
+    def page(right, swapped, cells=0.99):
+        return {"token_accuracy": right, "token_accuracy_swapped": swapped, "cell_accuracy": cells,
+                "cell_accuracy_swapped": 0.05}
+
+    samples = [{"layout": "grid", "pages": [page(0.5, 0.4), page(0.3, 0.3)]},
+               {"layout": "row_tiles", "pages": [page(0.6, 0.3), page(0.9, 0.4)]}]
+    table = layout_table(samples)
+    assert "| grid | 2 | +0.050 [-0.585, +0.685] | no | 0.400 / 0.350 | 0.990 / 0.050 |" in table
+    assert "| row_tiles | 2 | +0.400 [-0.871, +1.671] | no | 0.750 / 0.350 |" in table
+    assert "row_tiles - grid, the reading gap paired by page: +0.350 [-1.556, +2.256]" in table
+    # a layout reads only when its interval's lower end is above 0.05
+    many = [{"layout": "row_tiles", "pages": [page(0.9, 0.3), page(0.8, 0.3), page(0.85, 0.3)]}]
+    assert "| row_tiles | 3 | +0.550 [+0.426, +0.674] | yes |" in layout_table(many)
