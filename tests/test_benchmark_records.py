@@ -343,3 +343,13 @@ def test_the_reading_layout_table_pairs_pages_across_layouts():
     # a layout reads only when its interval's lower end is above 0.05
     many = [{"layout": "row_tiles", "pages": [page(0.9, 0.3), page(0.8, 0.3), page(0.85, 0.3)]}]
     assert "| row_tiles | 3 | +0.550 [+0.426, +0.674] | yes |" in layout_table(many)
+
+
+def test_the_reading_layout_table_in_the_docs_is_the_saved_run():
+    """docs/screenshots.md embeds `screenshot_reading.py --table`'s output for the saved layout run."""
+    from screenshot_reading import layout_table
+
+    saved = json.loads((BENCHMARKS / "results" / "screenshot_reading_layouts.json").read_text())
+    table = layout_table(saved["samples"])
+    assert table in (BENCHMARKS.parent / "docs" / "screenshots.md").read_text()
+    assert "| row_tiles | 16 | +0.022 [+0.011, +0.034] | no |" in table and "| grid | 16 | +0.000 [-0.005, +0.005] | no |" in table
