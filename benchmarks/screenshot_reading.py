@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -89,9 +90,9 @@ def layout_table(samples: list[dict]) -> str:
         return [row["token_accuracy"] - row["token_accuracy_swapped"] for row in rows(layout)]
 
     def mean(layout: str, key: str) -> float:
-        return sum(row[key] for row in rows(layout)) / len(rows(layout))
+        return statistics.fmean(row[key] for row in rows(layout))
 
-    lines = ["| layout | pages | reading gap [t 95% over pages] | reads (interval above 0.05) | token accuracy, "
+    lines = [f"| layout | pages | reading gap [t 95% over pages] | reads (interval above {READS}) | token accuracy, "
              "right / another page's screen | cell reader, right / another page's screen |",
              "| --- | ---: | ---: | --- | ---: | ---: |"]
     for layout in layouts:
