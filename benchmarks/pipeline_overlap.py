@@ -5,6 +5,7 @@ by side in one run, on real ALFWorld games.
     python benchmarks/pipeline_overlap.py --teacher teachers/alfworld/teacher.yaml --steps 12
     python benchmarks/pipeline_overlap.py --modes sync pool --seeds 0 1 --sync-threads 1 2
     python benchmarks/pipeline_overlap.py --env webshop_screenshot    # AsyncWebRL's setting: a VLM on screenshots
+    python benchmarks/pipeline_overlap.py --table benchmarks/results/pipeline_overlap_screenshots.json   # a saved run's table
 
 Every run is `turnopd distill` in its own process, one after another, on a recipe this script writes
 (TurnOPD: adaptive depth with probes, progressive loss; k1 with clip_eps 0.2 in every mode so that the
@@ -153,8 +154,7 @@ def summarize(run_dir: Path) -> dict[str, float]:
     train = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
              if json.loads(line)["kind"] == "train"][1:]  # the first step's clock includes start-up
     step_time = sum(r["step_time_s"] for r in train)
-    generator = [sum(r["generator_phases"].values()) for r in train]
-    generator_idle = sum(r["generator_phases"].get("idle", 0.0) for r in train)
+    asynchronous = any(r["generator_phases"] for r in train)
     return {
         "trajectories_s": sum(r["episodes"] for r in train) / step_time,
         **{f"idle_{resource}": 1 - sum(r["busy"].get(resource, 0.0) for r in train) / step_time
@@ -162,12 +162,52 @@ def summarize(run_dir: Path) -> dict[str, float]:
         "step_s": step_time / len(train),
         "step_median_s": statistics.median(r["step_time_s"] for r in train),
         "trainer_idle": 1 - sum(r["phases"].get("train", 0.0) for r in train) / step_time,
-        "generator_idle": generator_idle / sum(generator) if sum(generator) else float("nan"),
+        # the generator's own phases (startup, idle, weight_sync) leave out its answering time, so its
+        # idle seconds are a share of the step time, as every resource's are
+        "generator_idle": sum(r["generator_phases"].get("idle", 0.0) for r in train) / step_time
+        if asynchronous else float("nan"),
         "generated_tok_s": sum(r["tokens_generated"] for r in train) / step_time,
         "trained_tok_s": sum(r["tokens_trained"] for r in train) / step_time,
         "staleness": statistics.mean(r["pipeline"]["staleness_mean"] for r in train),
         "dropped": sum(r["pipeline"]["dropped_stale"] for r in train),
+        "screens_missing": sum((r.get("screenshots") or {}).get("missing", 0) for r in train),  # text envs: 0
     }
+
+
+def speed_ups(samples: list[dict], label: str) -> list[float]:
+    """Per seed, in seed order: the fastest sync run's step time of that seed over the label's; [] for
+    a sync label or without a sync run."""
+    if label.startswith("sync"):
+        return []
+    syncs = [s for s in samples if s["variant"].startswith("sync")]
+    return [min(s["step_s"] for s in syncs if s["seed"] == mine["seed"]) / mine["step_s"]
+            for mine in sorted((s for s in samples if s["variant"] == label), key=lambda s: s["seed"])
+            if any(s["seed"] == mine["seed"] for s in syncs)]
+
+
+def throughput_table(samples: list[dict]) -> str:
+    """The design's table from a saved file's samples: per mode the median over seeds with the range
+    of trajectories per second of step time, the speed-up over sync paired by seed, each resource's
+    idle share, the generator's idle share, the mean staleness, the stale trajectories dropped and the
+    screenshots a batch missed (steps 2 on, as everything here)."""
+    def spread(values: list[float], fmt: str, unit: str = "", scale: float = 1.0) -> str:
+        values = [scale * v for v in values]
+        return f"{statistics.median(values):{fmt}}{unit} ({min(values):{fmt}}-{max(values):{fmt}})"
+
+    lines = ["| mode | seeds | trajectories / s | speed-up over sync (paired by seed) | "
+             + " | ".join(f"{r} idle" for r in RESOURCES) + " | generator idle | staleness | stale dropped | screenshots missing |",
+             "| --- | ---: | ---: | ---: | " + "---: | " * len(RESOURCES) + "---: | ---: | ---: | ---: |"]
+    for label in dict.fromkeys(s["variant"] for s in samples):
+        mine = [s for s in samples if s["variant"] == label]
+        ups = speed_ups(samples, label)
+        generator = [s["generator_idle"] for s in mine if not math.isnan(s["generator_idle"])]
+        lines.append(f"| {label} | {len(mine)} | {spread([s['trajectories_s'] for s in mine], '.3f')} | "
+                     f"{spread(ups, '.2f', 'x') if ups else '-'} | "
+                     + " | ".join(spread([s[f'idle_{r}'] for s in mine], '.0f', '%', 100) for r in RESOURCES)
+                     + f" | {spread(generator, '.0f', '%', 100) if generator else '-'} | "
+                     f"{spread([s['staleness'] for s in mine], '.2f')} | {sum(s['dropped'] for s in mine):.0f} | "
+                     f"{sum(s['screens_missing'] for s in mine)} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -187,8 +227,12 @@ def main() -> None:
     parser.add_argument("--teacher", help="a teacher.yaml (default: a tiny random teacher built here)")
     parser.add_argument("--env", choices=("alfworld", "webshop_screenshot"), default="alfworld",
                         help="webshop_screenshot: a tiny VLM student on screenshots (its own random models)")
+    parser.add_argument("--table", type=Path, metavar="FILE", help="print the design's table of a saved result and stop")
     parser.add_argument("--out", type=Path, help="default: runs/bench-pipeline[-screenshots]")
     args = parser.parse_args()
+    if args.table:
+        print(throughput_table(json.loads(args.table.read_text())["samples"]))
+        return
 
     shots = args.env == "webshop_screenshot"
     if shots and args.teacher:
@@ -232,20 +276,17 @@ def main() -> None:
               f"{generator_idle} | {m['generated_tok_s']:.1f} | {m['trained_tok_s']:.0f} | {m['staleness']:.2f} | "
               f"{m['dropped']:.0f} | {idle} |")
     print()
-    sync = [label for label in variants if variants[label][0] == "sync"]
+    samples = [{"variant": label, "seed": seed, **summarize(runs[label, seed])} for label in variants for seed in args.seeds]
     paired = []
     for label in variants:
         paired.append(Summary.of(f"{label}: s per step", [r["step_s"] for r in rows[label]], "s"))
         paired.append(Summary.of(f"{label}: trajectories per second", [r["trajectories_s"] for r in rows[label]], "/s"))
-        if sync and label not in sync:  # against the fastest sync run of the same seed
-            paired.append(Summary.of(f"{label} speed-up over sync", [
-                min(summarize(runs[s, seed])["step_s"] for s in sync) / summarize(runs[label, seed])["step_s"]
-                for seed in args.seeds], "x"))
+        if ups := speed_ups(samples, label):
+            paired.append(Summary.of(f"{label} speed-up over sync", ups, "x"))
     save_result("pipeline_overlap_screenshots" if shots else "pipeline_overlap",
                 f"asynchronous pipeline vs sync ({args.steps} steps x {args.episodes} episodes, "
                 f"{env} max_turns {args.max_turns}, {'given teacher' if args.teacher else 'tiny random models'}; "
-                f"repeats = seeds {args.seeds})", paired, [{"variant": label, "seed": seed, **summarize(runs[label, seed])}
-                                                           for label in variants for seed in args.seeds])
+                f"repeats = seeds {args.seeds})", paired, samples)
     first = next(iter(runs.values())).name  # a sync run's, when there is one
     frontier = subprocess.run([sys.executable, "-m", "turnopd.cli", "frontier", "--md", "--baseline", first,
                                *map(str, runs.values())], cwd=REPO, text=True, capture_output=True)

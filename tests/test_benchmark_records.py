@@ -353,3 +353,78 @@ def test_the_reading_layout_table_in_the_docs_is_the_saved_run():
     table = layout_table(saved["samples"])
     assert table in (BENCHMARKS.parent / "docs" / "screenshots.md").read_text()
     assert "| row_tiles | 16 | +0.022 [+0.011, +0.034] | no |" in table and "| grid | 16 | +0.000 [-0.005, +0.005] | no |" in table
+
+
+def test_the_throughput_table_pairs_each_mode_with_sync_by_seed():
+    """Hand-worked: sync's steps take 2 s (seed 0) and 3 s (seed 1), pool's 4 s and 2 s: pool's speed-ups
+    are 2/4 = 0.50 and 3/2 = 1.50, median 1.00; 4 trajectories a step give 2.000 and 1.333 a second
+    (median 1.667) for sync, 1.000 and 2.000 for pool."""
+    from pipeline_overlap import RESOURCES, speed_ups, throughput_table
+
+    def sample(variant, seed, step_s, idle, generator_idle=float("nan"), missing=0):
+        return {"variant": variant, "seed": seed, "step_s": step_s, "trajectories_s": 4 / step_s,
+                **{f"idle_{r}": idle for r in RESOURCES}, "generator_idle": generator_idle,
+                "staleness": 0.0 if variant == "sync-t2" else 1.0, "dropped": 0, "screens_missing": missing}
+
+    samples = [sample("sync-t2", 0, 2.0, 0.5), sample("sync-t2", 1, 3.0, 0.7),
+               sample("pool", 1, 2.0, 0.2, 0.3), sample("pool", 0, 4.0, 0.4, 0.1, missing=2)]
+    assert speed_ups(samples, "pool") == pytest.approx([0.5, 1.5]) and speed_ups(samples, "sync-t2") == []
+    table = throughput_table(samples)
+    assert ("| sync-t2 | 2 | 1.667 (1.333-2.000) | - | 60% (50-70) | 60% (50-70) | 60% (50-70) | 60% (50-70) | - | "
+            "0.00 (0.00-0.00) | 0 | 0 |") in table
+    assert ("| pool | 2 | 1.500 (1.000-2.000) | 1.00x (0.50-1.50) | 30% (20-40) | 30% (20-40) | 30% (20-40) | "
+            "30% (20-40) | 20% (10-30) | 1.00 (1.00-1.00) | 0 | 2 |") in table
+
+
+def test_the_normalizer_tables_pair_the_arms_by_seed_and_by_game(tmp_path):
+    """Two seeds of each arm, worked by hand. Won turns over steps 17-24 (step 16 is outside the window):
+    per-trajectory 10 and 12, constant 8 and 9 (seed 1: 8 at steps 17-20, 10 at 21-24): differences -2
+    and -3, mean -2.5, sd 0.707107, half-width 12.706 x 0.707107 / sqrt 2 = 6.353 -> [-8.853, +3.853]:
+    no difference at this power; detectable (12.706 + 1.376) x 0.707107 / sqrt 2 = 7.041. Final Avg@1
+    over games a, b: per-trajectory seed 0 (1, 0), seed 1 (1, 1); constant seed 0 (1, 1), seed 1 (0, 1):
+    per game averaged over seeds a (0 - 1)/2 = -0.5, b (1 + 0)/2 = 0.5: mean 0, sd 0.707107 -> +0.0
+    [-635.3, +635.3] points: inconclusive at 10 points."""
+    from normalizer import CONSTANT, PER_TRAJECTORY, page
+
+    def run(method, seed, won, final):
+        folder = tmp_path / "runs" / f"normalizer-{method}-s{seed}"
+        folder.mkdir(parents=True)
+        records = [{"kind": "start", "name": folder.name, "method": method, "seed": seed, "total_steps": 24,
+                    "resumed_from_step": 0}]
+        records += [{"kind": "train", "step": s, "train_time_s": float(s), "mean_turns_won": won(s),
+                     "mean_turns_lost": 20.0, "invalid_action_rate": 0.1} for s in range(16, 25)]
+        records += [{"kind": "eval", "step": s, "train_time_s": float(s), "split": "valid", "k": 1,
+                     "avg_at_k": sum(scores.values()) / 2, "per_task": scores}
+                    for s, scores in ((0, {"a": 0.0, "b": 0.0}), (24, dict(zip("ab", final, strict=True))))]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    run(PER_TRAJECTORY, 0, lambda s: 99.0 if s == 16 else 10.0, (1.0, 0.0))
+    run(PER_TRAJECTORY, 1, lambda s: 12.0, (1.0, 1.0))
+    run(CONSTANT, 0, lambda s: 8.0, (1.0, 1.0))
+    run(CONSTANT, 1, lambda s: 8.0 if s <= 20 else 10.0, (0.0, 1.0))
+    lead = {"tasks": 2, "teacher": 70.0, "student": 30.0, "lead_points": 40.0, "interval": [25.0, 55.0], "min_points": 20.0}
+    (tmp_path / "gate.json").write_text(json.dumps({"passes": True, "envs": {"alfworld": {"lead": lead}}}))
+    text = page(tmp_path)
+    assert "lead +40.0 points [+25.0, +55.0] against the bar of 20: passes" in text
+    assert f"| {PER_TRAJECTORY} | 0 | 10.00 | 20.00 | 0.10 | 0% / 50% |" in text
+    assert f"| {CONSTANT} | 1 | 9.00 | 20.00 | 0.10 | 0% / 50% |" in text
+    assert "| mean_turns_won, steps 17-24 (turns) | 2 | -2.50 [-8.85, +3.85] | 7.0 | no difference at this power |" in text
+    assert "| mean_turns_lost, steps 17-24 (turns) | 2 | +0.00 [+0.00, +0.00] | - (no spread) |" in text
+    assert "over the games (per game averaged over the seeds) +0.0 [-635.3, +635.3] points" in text
+    assert "inconclusive at 10 points" in text
+    (tmp_path / "gate.json").write_text(json.dumps({"passes": False, "envs": {"alfworld": {"lead": lead}}}))
+    assert page(tmp_path).endswith("fails: the comparison shows nothing.")
+
+
+def test_the_screenshot_throughput_page_is_its_saved_runs():
+    """The page embeds `pipeline_overlap.py --table` of the saved file, whose samples the saved run
+    records give again."""
+    from pipeline_overlap import summarize, throughput_table
+
+    saved = json.loads((BENCHMARKS / "results" / "pipeline_overlap_screenshots.json").read_text())
+    for sample in saved["samples"]:
+        again = summarize(BENCHMARKS / "results" / "pipeline_overlap_screenshots" / f"{sample['variant']}-s{sample['seed']}")
+        assert again == pytest.approx({k: v for k, v in sample.items() if k not in ("variant", "seed")}, nan_ok=True)
+    table = throughput_table(saved["samples"])
+    assert table in (BENCHMARKS.parent / "docs" / "results" / "2026-12-07-asyncwebrl.md").read_text()
+    assert "| one_step_off | 3 | 1.094 (1.078-1.098) | 0.85x (0.83-0.85) |" in table
