@@ -51,6 +51,7 @@ from turnopd.analysis.frontier import (
     t_interval,
     time_to_reach,
 )
+from turnopd.commands.frontier import detectable_cell
 
 WORLD_MODEL = "runs/world_models/autoresearch"  # recipes/autoresearch/world_model_job.yaml's output_dir
 # The 30-task regimes' builds, kept in the repository: a machine emptied between sittings would
@@ -213,8 +214,7 @@ def tables_30(regime: str, runs_dir: Path) -> str:
         d, tasks = row.by_seed.difference, by_task(groups[arm].runs, groups[base].runs)
         if d is None:
             continue
-        detectable = "- (no spread)" if row.by_seed.detectable == 0 else f"{100 * row.by_seed.detectable:.1f}"
-        lines.append(f"| {arm} - {base} | {len(row.by_seed.seeds)} | {points(d)} | {detectable} | "
+        lines.append(f"| {arm} - {base} | {len(row.by_seed.seeds)} | {points(d)} | {detectable_cell(row.by_seed.detectable)} | "
                      f"{'-' if tasks is None else points(tasks)} | {called(d, tasks)} |")
     reference = against.get("vanilla_opd")
     along_the_way = all(len(run.evals) > 2 for run in runs)  # equal clock evaluates at the start and end only

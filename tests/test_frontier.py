@@ -570,6 +570,17 @@ def test_frontier_prints_the_paired_table_and_the_verdict(tmp_path, capsys):
     assert "+7.5 [-24.3, 39.3]" in row and "1.25 1.00" in row and "non-inferior" in row
 
 
+def test_differences_with_no_spread_have_no_detectable_figure(tmp_path, capsys):
+    # turnopd ends 10 points above vanilla in both seeds: the differences' stdev is 0, so no power figure
+    runs = []
+    for method, seed, final in (("vanilla_opd", 0, 0.3), ("vanilla_opd", 1, 0.5), ("turnopd", 0, 0.4), ("turnopd", 1, 0.6)):
+        runs.append(write_run(tmp_path, f"{method}-s{seed}", method=method, seed=seed, total_steps=2,
+                              train=[(1, 1.0), (2, 2.0)], evals=[(0, 0.0, 0.2), (2, 2.0, final)]))
+    assert main(["frontier", *map(str, runs), "--md", "--out", str(tmp_path / "f.png")]) == 0
+    [row] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| turnopd | 0 1 |")]
+    assert "+10.0 [10.0, 10.0]" in row and "- (no spread)" in row and "| 0.0 |" not in row
+
+
 def test_a_run_its_training_budget_ended_is_complete_at_that_step(tmp_path):
     run_dir = write_run(tmp_path, "budgeted", method="vanilla_opd", total_steps=10, train=[(1, 1.0), (2, 2.0)],
                         evals=[(0, 0.0, 0.1), (2, 2.0, 0.3)])

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from turnopd.analysis.frontier import (
+    ACCURACY_TOLERANCE,
     TURN_BAND,
     WORK,
     Axis,
@@ -93,6 +94,15 @@ def _interval(value: Interval | None, sign: bool = False) -> str:
     return f"{100 * value.value:{'+' if sign else ''}.1f} [{100 * value.lo:.1f}, {100 * value.hi:.1f}]"
 
 
+def detectable_cell(detectable: float | None, scale: float = 100.0) -> str:
+    """The smallest detectable difference (times `scale`: an accuracy in points by default); differences
+    with no spread (every seed differed by the same amount, up to float rounding) have no power figure,
+    and a "0.0" would read as "detects anything"."""
+    if detectable is None:
+        return "–"
+    return "- (no spread)" if detectable < ACCURACY_TOLERANCE else f"{scale * detectable:.1f}"
+
+
 def _ratio(value: float | None, interval: tuple[float, float] | None, reached: float | None) -> str:
     if value is None:
         return "not reached"
@@ -164,7 +174,7 @@ def seed_table(cmp: Comparison) -> tuple[str, list[str], Rows]:
             continue
         work = s.work_ratio.get(s.work_unit)
         rows.append([row.group.label, " ".join(map(str, s.seeds)), _interval(s.final), _interval(s.difference, True),
-                     "–" if s.detectable is None else f"{100 * s.detectable:.1f}", _interval(s.equal_clock, True),
+                     detectable_cell(s.detectable), _interval(s.equal_clock, True),
                      _interval(s.equal_work, True), " ".join(f"{r:.2f}" for r in s.clock_ratio),
                      _ratio(s.clock_ratio_interval.value, (s.clock_ratio_interval.lo, s.clock_ratio_interval.hi), None)
                      if s.clock_ratio_interval else "–",
