@@ -1,0 +1,109 @@
+"""AsyncWebRL's constant normalizer against vanilla OPD's per-trajectory mean, on the quickstart's
+ALFWorld task (docs/results/normalizer-design.md): the design's tables from its saved runs.
+
+    turnopd teacher lead recipes/quickstart.yaml -o benchmarks/results/normalizer/gate.json
+    turnopd sweep recipes/quickstart.yaml --methods vanilla_opd_reward,asyncwebrl_constant_reward --seeds 5 \\
+        --name normalizer --out-dir runs/normalizer trainer.group_size=2 trainer.steps=24 objective.estimator=k1 eval.every=8
+    python benchmarks/normalizer.py --save runs/normalizer   # copy the complete runs' records into the results folder
+    python benchmarks/normalizer.py                 # the page's tables, from the saved gate and runs
+
+Primary (both paired): the won training episodes' mean turns over steps 17-24, the constant arm minus
+the per-trajectory one, t interval over seeds ("contracts" when it lies below 0); the final greedy
+Avg@1 on the 50 held-out games, the same difference per game averaged over seeds, t interval over
+games (non-inferior when its lower end is above -10 points).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from frontier_alfworld import by_task, complete_runs, points, save_runs
+
+from turnopd.analysis.frontier import detectable_effect, non_inferiority, t_interval
+from turnopd.commands.frontier import detectable_cell
+
+RESULTS = Path(__file__).parent / "results" / "normalizer"
+PER_TRAJECTORY, CONSTANT = "vanilla_opd_reward", "asyncwebrl_constant_reward"  # 1/|tau_i|, then 1/k
+LATE = range(17, 25)  # the design's window for the turns of won and lost episodes
+MARGIN = 0.10  # non-inferiority margin on held-out Avg@1
+
+
+def late_mean(run_dir: Path, key: str) -> float | None:
+    """The mean over steps 17-24 of a train record field (steps where it is None, e.g. no episode
+    won, left out); None when no step has it."""
+    values = [r[key] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+              if r["kind"] == "train" and r["step"] in LATE and r.get(key) is not None]
+    return statistics.fmean(values) if values else None
+
+
+def gate_line(gate: dict) -> str:
+    lead = next(iter(gate["envs"].values()))["lead"]
+    return (f"Gate (`turnopd teacher lead`, {lead['tasks']} held-out games): teacher {lead['teacher']:.1f}%, "
+            f"student {lead['student']:.1f}%, lead {lead['lead_points']:+.1f} points "
+            f"[{lead['interval'][0]:+.1f}, {lead['interval'][1]:+.1f}] against the bar of {lead['min_points']:.0f}: "
+            f"{'passes' if gate['passes'] else 'fails: the comparison shows nothing'}.")
+
+
+def per_run_table(arms: dict[str, list]) -> list[str]:
+    lines = ["| arm | seed | won: mean turns (steps 17-24) | lost: mean turns | invalid actions | "
+             "held-out Avg@1 at steps 0 / 8 / 16 / 24 |", "| --- | ---: | ---: | ---: | ---: | --- |"]
+    for arm, runs in arms.items():
+        for run in runs:
+            cells = [late_mean(run.path, key) for key in ("mean_turns_won", "mean_turns_lost", "invalid_action_rate")]
+            curve = " / ".join(f"{100 * e.avg_at_k:.0f}%" for e in run.evals)
+            lines.append(f"| {arm} | {run.seed} | " + " | ".join("-" if c is None else f"{c:.2f}" for c in cells)
+                         + f" | {curve} |")
+    return lines
+
+
+def primary_lines(arms: dict[str, list]) -> list[str]:
+    base = {run.seed: run for run in arms[PER_TRAJECTORY]}
+    pairs = [(run, base[run.seed]) for run in arms[CONSTANT] if run.seed in base]
+    lines = [f"| {CONSTANT} - {PER_TRAJECTORY} (paired) | seeds | difference [t 95%] | detectable (80% power) | called |",
+             "| --- | ---: | ---: | ---: | --- |"]
+    for key, words in (("mean_turns_won", ("contracts", "lengthens")), ("mean_turns_lost", ("shorter", "longer"))):
+        diffs = [a - b for a, b in ((late_mean(x.path, key), late_mean(y.path, key)) for x, y in pairs)
+                 if a is not None and b is not None]
+        d = t_interval(diffs)
+        if d is None:
+            lines.append(f"| {key}, steps 17-24 | {len(diffs)} | - | - | fewer than 2 seeds with the figure |")
+            continue
+        called = words[0] if d.hi < 0 else words[1] if d.lo > 0 else "no difference at this power"
+        lines.append(f"| {key}, steps 17-24 (turns) | {len(diffs)} | {d.value:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}] | "
+                     f"{detectable_cell(detectable_effect(diffs), scale=1)} | {called} |")
+    seeds = t_interval([x.final.avg_at_k - y.final.avg_at_k for x, y in pairs])
+    games = by_task(arms[CONSTANT], arms[PER_TRAJECTORY])
+    lines += ["", f"Final held-out Avg@1, {CONSTANT} - {PER_TRAJECTORY}: over the games (per game averaged over "
+                  f"the seeds) {points(games)} points, over the seeds {points(seeds)}: "
+                  f"{non_inferiority(games, MARGIN)} at {100 * MARGIN:.0f} points."]
+    return lines
+
+
+def page(results: Path = RESULTS) -> str:
+    """The page's tables: the gate, then (when it passed) each run's figures and the primary comparisons."""
+    gate = json.loads((results / "gate.json").read_text())
+    lines = [gate_line(gate)]
+    if gate["passes"]:
+        runs = complete_runs(results / "runs")
+        arms = {arm: sorted((r for r in runs if r.method == arm), key=lambda r: r.seed) for arm in (PER_TRAJECTORY, CONSTANT)}
+        lines += ["", *per_run_table(arms), "", *primary_lines(arms)]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--save", type=Path, metavar="RUNS_DIR", help="copy the sweep's complete runs (config.yaml, "
+                        "metrics.jsonl) into benchmarks/results/normalizer/runs, then print the tables")
+    args = parser.parse_args()
+    if args.save:
+        save_runs(args.save, RESULTS / "runs")
+    print(page())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
