@@ -70,7 +70,27 @@ BENCHMARKS = [
               ["--steps", "3", "--seeds", "0"], {"OMP_NUM_THREADS": "2"}),
     Benchmark("trl_end_to_end", "main", ["benchmarks/trl_end_to_end.py"],
               ["--models", "tiny", "--steps", "2", "--warmup", "1", "--repeats", "1"], needs=(".venv-trl",)),
+    Benchmark("trl_end_to_end_vllm_rollouts", "main", [
+        "benchmarks/trl_end_to_end.py", "--models", "smollm2", "--sides", "turnopd,turnopd-unshared,trl",
+        "--policy-backend", "vllm", "--turnopd", ".venv-vllm/bin/turnopd", "--tag", "vllm-rollouts-shared-prefix"],
+        ["--steps", "2", "--warmup", "1", "--repeats", "1"], needs=(".venv-trl", ".venv-vllm")),
+    Benchmark("chat_context", "main", ["benchmarks/chat_context.py"], ["--repeats", "1", "--episodes", "1"]),
+    Benchmark("mixture_play", "main", ["benchmarks/mixture_play.py", "--repeats", "5"], ["--repeats", "1"],
+              {"OMP_NUM_THREADS": "1"}),
+    Benchmark("screenshot_pipeline", "main", ["benchmarks/screenshot_pipeline.py"],
+              ["--episodes", "2", "--turns", "2", "--repeats", "1"]),
+    Benchmark("screenshot_reading", "main", ["benchmarks/screenshot_reading.py", "--steps", "100", "--pages", "16"],
+              ["--steps", "2", "--pages", "2"], {"OMP_NUM_THREADS": "2"}),
+    Benchmark("screenshot_reading_layouts", "main", [
+        "benchmarks/screenshot_reading.py", "--layouts", "grid", "row_tiles", "--steps", "300", "--pages", "16",
+        "--seeds", "0"], ["--steps", "2", "--pages", "2"], {"OMP_NUM_THREADS": "2"}),
 ]
+# result files no entry above writes under its own name (the experiments' folders are not here either:
+# their pages give their commands)
+WRITTEN_ELSEWHERE = {
+    "teacher_scoring": "rollout_backends_omp1 writes it",
+    "screenshot_heldout_kl": "it reads a sweep's runs: docs/results/2026-12-05-screenshots.md gives the commands",
+}
 
 
 def missing(bench: Benchmark, python: Path) -> str | None:

@@ -428,3 +428,10 @@ def test_the_screenshot_throughput_page_is_its_saved_runs():
     table = throughput_table(saved["samples"])
     assert table in (BENCHMARKS.parent / "docs" / "results" / "2026-12-07-asyncwebrl.md").read_text()
     assert "| one_step_off | 3 | 1.094 (1.078-1.098) | 0.85x (0.83-0.85) |" in table
+
+
+def test_every_published_result_file_is_rerun_by_run_all():
+    import run_all
+
+    published = {p.stem for p in (BENCHMARKS / "results").glob("*.json")}
+    assert published - {b.name for b in run_all.BENCHMARKS} - set(run_all.WRITTEN_ELSEWHERE) == set()
