@@ -32,11 +32,14 @@ LATE = range(17, 25)  # the design's window for the turns of won and lost episod
 MARGIN = 0.10  # non-inferiority margin on held-out Avg@1
 
 
+def records(run_dir: Path, kind: str) -> list[dict]:
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+
+
 def late_mean(run_dir: Path, key: str) -> float | None:
     """The mean over steps 17-24 of a train record field (steps where it is None, e.g. no episode
     won, left out); None when no step has it."""
-    values = [r[key] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-              if r["kind"] == "train" and r["step"] in LATE and r.get(key) is not None]
+    values = [r[key] for r in records(run_dir, "train") if r["step"] in LATE and r.get(key) is not None]
     return statistics.fmean(values) if values else None
 
 
@@ -49,14 +52,16 @@ def gate_line(gate: dict) -> str:
 
 
 def per_run_table(arms: dict[str, list]) -> list[str]:
-    lines = ["| arm | seed | won: mean turns (steps 17-24) | lost: mean turns | invalid actions | "
-             "held-out Avg@1 at steps 0 / 8 / 16 / 24 |", "| --- | ---: | ---: | ---: | ---: | --- |"]
+    lines = ["| arm | seed | won: mean turns (steps 17-24) | lost: mean turns | invalid actions | success | "
+             "held-out Avg@1 at steps 0 / 8 / 16 / 24 | held-out mean turns at the end |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for arm, runs in arms.items():
         for run in runs:
-            cells = [late_mean(run.path, key) for key in ("mean_turns_won", "mean_turns_lost", "invalid_action_rate")]
+            cells = [late_mean(run.path, key) for key in ("mean_turns_won", "mean_turns_lost", "invalid_action_rate",
+                                                           "success_rate")]
             curve = " / ".join(f"{100 * e.avg_at_k:.0f}%" for e in run.evals)
             lines.append(f"| {arm} | {run.seed} | " + " | ".join("-" if c is None else f"{c:.2f}" for c in cells)
-                         + f" | {curve} |")
+                         + f" | {curve} | {records(run.path, 'eval')[-1]['mean_turns']:.1f} |")
     return lines
 
 
@@ -72,7 +77,8 @@ def primary_lines(arms: dict[str, list]) -> list[str]:
         if d is None:
             lines.append(f"| {key}, steps 17-24 | {len(diffs)} | - | - | fewer than 2 seeds with the figure |")
             continue
-        called = words[0] if d.hi < 0 else words[1] if d.lo > 0 else "no difference at this power"
+        called = (words[0] if d.hi < 0 else words[1] if d.lo > 0
+                  else "equal in every seed" if d.lo == d.hi == 0 else "no difference at this power")
         lines.append(f"| {key}, steps 17-24 (turns) | {len(diffs)} | {d.value:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}] | "
                      f"{detectable_cell(detectable_effect(diffs), scale=1)} | {called} |")
     seeds = t_interval([x.final.avg_at_k - y.final.avg_at_k for x, y in pairs])
@@ -84,7 +90,8 @@ def primary_lines(arms: dict[str, list]) -> list[str]:
 
 
 def page(results: Path = RESULTS) -> str:
-    """The page's tables: the gate, then (when it passed) each run's figures and the primary comparisons."""
+    """The page's tables: the gate, then (when it passed) each run's figures (the training episodes' over
+    steps 17-24, the held-out curve and the last evaluation's mean turns) and the primary comparisons."""
     gate = json.loads((results / "gate.json").read_text())
     lines = [gate_line(gate)]
     if gate["passes"]:

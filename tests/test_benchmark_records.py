@@ -392,9 +392,9 @@ def test_the_normalizer_tables_pair_the_arms_by_seed_and_by_game(tmp_path):
         records = [{"kind": "start", "name": folder.name, "method": method, "seed": seed, "total_steps": 24,
                     "resumed_from_step": 0}]
         records += [{"kind": "train", "step": s, "train_time_s": float(s), "mean_turns_won": won(s),
-                     "mean_turns_lost": 20.0, "invalid_action_rate": 0.1} for s in range(16, 25)]
+                     "mean_turns_lost": 20.0, "invalid_action_rate": 0.1, "success_rate": 0.5} for s in range(16, 25)]
         records += [{"kind": "eval", "step": s, "train_time_s": float(s), "split": "valid", "k": 1,
-                     "avg_at_k": sum(scores.values()) / 2, "per_task": scores}
+                     "avg_at_k": sum(scores.values()) / 2, "per_task": scores, "mean_turns": 30.0 - s / 4}
                     for s, scores in ((0, {"a": 0.0, "b": 0.0}), (24, dict(zip("ab", final, strict=True))))]
         (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
@@ -406,10 +406,10 @@ def test_the_normalizer_tables_pair_the_arms_by_seed_and_by_game(tmp_path):
     (tmp_path / "gate.json").write_text(json.dumps({"passes": True, "envs": {"alfworld": {"lead": lead}}}))
     text = page(tmp_path)
     assert "lead +40.0 points [+25.0, +55.0] against the bar of 20: passes" in text
-    assert f"| {PER_TRAJECTORY} | 0 | 10.00 | 20.00 | 0.10 | 0% / 50% |" in text
-    assert f"| {CONSTANT} | 1 | 9.00 | 20.00 | 0.10 | 0% / 50% |" in text
+    assert f"| {PER_TRAJECTORY} | 0 | 10.00 | 20.00 | 0.10 | 0.50 | 0% / 50% | 24.0 |" in text
+    assert f"| {CONSTANT} | 1 | 9.00 | 20.00 | 0.10 | 0.50 | 0% / 50% | 24.0 |" in text
     assert "| mean_turns_won, steps 17-24 (turns) | 2 | -2.50 [-8.85, +3.85] | 7.0 | no difference at this power |" in text
-    assert "| mean_turns_lost, steps 17-24 (turns) | 2 | +0.00 [+0.00, +0.00] | - (no spread) |" in text
+    assert "| mean_turns_lost, steps 17-24 (turns) | 2 | +0.00 [+0.00, +0.00] | - (no spread) | equal in every seed |" in text
     assert "over the games (per game averaged over the seeds) +0.0 [-635.3, +635.3] points" in text
     assert "inconclusive at 10 points" in text
     (tmp_path / "gate.json").write_text(json.dumps({"passes": False, "envs": {"alfworld": {"lead": lead}}}))
@@ -435,3 +435,11 @@ def test_every_published_result_file_is_rerun_by_run_all():
 
     published = {p.stem for p in (BENCHMARKS / "results").glob("*.json")}
     assert published - {b.name for b in run_all.BENCHMARKS} - set(run_all.WRITTEN_ELSEWHERE) == set()
+
+
+def test_the_normalizer_page_is_its_saved_runs():
+    from normalizer import page
+
+    tables = page()
+    assert tables in (BENCHMARKS.parent / "docs" / "results" / "2026-12-07-asyncwebrl.md").read_text()
+    assert "| mean_turns_won, steps 17-24 (turns) | 5 | -0.50 [-5.17, +4.17] | 6.2 | no difference at this power |" in tables
