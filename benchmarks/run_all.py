@@ -78,7 +78,8 @@ BENCHMARKS = [
     Benchmark("mixture_play", "main", ["benchmarks/mixture_play.py", "--repeats", "5"], ["--repeats", "1"],
               {"OMP_NUM_THREADS": "1"}),
     Benchmark("screenshot_pipeline", "main", ["benchmarks/screenshot_pipeline.py"],
-              ["--episodes", "2", "--turns", "2", "--repeats", "1"]),
+              ["--episodes", "2", "--turns", "2", "--repeats", "1"],  # the screenshot recipe's builds
+              needs=("runs/teachers/webshop/screenshot-teacher", "~/.cache/turnopd/models/webshop-screenshot-student-sft100")),
     Benchmark("screenshot_reading", "main", ["benchmarks/screenshot_reading.py", "--steps", "100", "--pages", "16"],
               ["--steps", "2", "--pages", "2"], {"OMP_NUM_THREADS": "2"}),
     Benchmark("screenshot_reading_layouts", "main", [

@@ -99,6 +99,10 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=MIN_REPEATS)
     args = parser.parse_args()
+    for model in (TEXT_MODEL, VLM):  # both built by the screenshot recipe's first run
+        if not (model / "config.json").is_file():
+            parser.error(f"{model} is not built: `turnopd distill recipes/webshop/screenshot.yaml trainer.steps=2` "
+                         "builds the text teacher and the VLM student first (docs/screenshots.md)")
     samples = []
     for repeat in range(args.repeats):
         text, text_s, text_spec = play("webshop", TEXT_MODEL, args.episodes, args.turns, seed=repeat)
