@@ -5,6 +5,7 @@ with its own screenshot against the same page with another page's (the gap is th
     python benchmarks/screenshot_reading.py --steps 100 --pages 16 --seeds 0
     python benchmarks/screenshot_reading.py --layouts grid row_tiles         # both screen layouts, side by side
     python benchmarks/screenshot_reading.py --table benchmarks/results/screenshot_reading_layouts.json  # its table
+    python benchmarks/screenshot_reading.py --layouts row_tiles --steps 2000 --train-episodes 400 --tag scale
 
 Per seed: a fresh `tiny_vlm` (turnopd.models.vlm.new_tiny_vlm, the shape of
 recipes/webshop/screenshot_student_sft.yaml's build: text hidden 128 x 3 layers, a SigLIP tower of
@@ -52,10 +53,10 @@ def per_page(model, processor, reader, pages: list[vlm.PageShot]) -> list[dict[s
             for page, other in zip(pages, swapped, strict=True)]
 
 
-def run(seed: int, steps: int, pages: int, layout: str) -> dict:
-    texts = env_corpus({"name": "webshop", "history_length": 1, "max_turns": 10}, None, 100)
+def run(seed: int, steps: int, pages: int, layout: str, train_episodes: int = 100) -> dict:
+    texts = env_corpus({"name": "webshop", "history_length": 1, "max_turns": 10}, None, 100)  # the tokenizer's
     model, processor = vlm.new_tiny_vlm(texts, seed=seed, screen_layout=layout, **SIZE)
-    train = vlm.play_pages("train", 100, seed=seed)
+    train = vlm.play_pages("train", train_episodes, seed=seed)
     held_out = vlm.spread(vlm.play_pages("test", 20, seed=seed), pages)
     assert not {p.text for p in train} & {p.text for p in held_out}, "a held-out page was trained on"
     with torch.random.fork_rng(devices=[]):
@@ -114,12 +115,15 @@ def main() -> None:
     parser.add_argument("--pages", type=int, default=16)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--layouts", nargs="+", default=["grid"], choices=SCREEN_LAYOUTS)
+    parser.add_argument("--train-episodes", type=int, default=100, help="expert episodes whose distinct pages train it")
+    parser.add_argument("--tag", help="saved as screenshot_reading_<tag>.json (a run that must not replace the others)")
     parser.add_argument("--table", metavar="FILE", help="print the layout table of a saved result file and run nothing")
     args = parser.parse_args()
     if args.table:
         print(layout_table(json.loads(Path(args.table).read_text())["samples"]), end="")
         return
-    samples = [run(seed, args.steps, args.pages, layout) for seed in args.seeds for layout in args.layouts]
+    samples = [run(seed, args.steps, args.pages, layout, args.train_episodes)
+               for seed in args.seeds for layout in args.layouts]
     labels = {"cell_accuracy": "characters read from the patch features, right screen",
               "cell_accuracy_swapped": "characters read from the patch features, another page's screen",
               "token_accuracy": "transcription token accuracy (teacher-forced), right screen",
@@ -134,7 +138,8 @@ def main() -> None:
                                     + tag, [row["token_accuracy"] - row["token_accuracy_swapped"] for row in rows], "fraction"))
         summaries.append(Summary.of("training seconds" + tag, [s["train_seconds"] for s in runs], "s"))
     readings = sum(len(s["pages"]) for s in samples) // len(args.layouts)
-    name = "screenshot_reading" if len(args.layouts) == 1 else "screenshot_reading_layouts"  # keeps the grid run's file
+    name = (f"screenshot_reading_{args.tag}" if args.tag  # else keep the grid run's file
+            else "screenshot_reading" if len(args.layouts) == 1 else "screenshot_reading_layouts")
     save_result(name, f"reading held-out WebShop screenshots: right vs another page's screen "
                 f"({readings} held-out page readings{' a layout' if len(args.layouts) > 1 else ''})", summaries, samples)
 
