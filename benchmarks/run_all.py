@@ -85,6 +85,10 @@ BENCHMARKS = [
     Benchmark("screenshot_reading_layouts", "main", [
         "benchmarks/screenshot_reading.py", "--layouts", "grid", "row_tiles", "--steps", "300", "--pages", "16",
         "--seeds", "0"], ["--steps", "2", "--pages", "2"], {"OMP_NUM_THREADS": "2"}),
+    Benchmark("screenshot_reading_scale", "main", [
+        "benchmarks/screenshot_reading.py", "--layouts", "row_tiles", "--steps", "2000", "--train-episodes", "400",
+        "--pages", "16", "--seeds", "0", "--tag", "scale"], ["--steps", "2", "--pages", "2", "--train-episodes", "2"],
+        {"OMP_NUM_THREADS": "2"}),
 ]
 # result files no entry above writes under its own name (the experiments' folders are not here either:
 # their pages give their commands)

@@ -109,19 +109,32 @@ def layout_table(samples: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def saved_samples(files: list[str], layouts: list[str] | None = None) -> list[dict]:
+    """The samples of saved result files (of `layouts` only, when given; files older than the layouts
+    are grid's); from several files (builds of one seed, the same held-out pages) each build's layout
+    is labelled with its steps and train pages, so that layout_table pairs them by page."""
+    samples = [sample for name in files for sample in json.loads(Path(name).read_text())["samples"]
+               if layouts is None or sample.get("layout", "grid") in layouts]
+    if len(files) == 1:
+        return samples
+    return [{**s, "layout": f"{s.get('layout', 'grid')}, {s['steps']} steps on {s['train_pages']} pages"} for s in samples]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--pages", type=int, default=16)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--layouts", nargs="+", default=["grid"], choices=SCREEN_LAYOUTS)
+    parser.add_argument("--layouts", nargs="+", choices=SCREEN_LAYOUTS, help="default: grid (with --table: every layout)")
     parser.add_argument("--train-episodes", type=int, default=100, help="expert episodes whose distinct pages train it")
     parser.add_argument("--tag", help="saved as screenshot_reading_<tag>.json (a run that must not replace the others)")
-    parser.add_argument("--table", metavar="FILE", help="print the layout table of a saved result file and run nothing")
+    parser.add_argument("--table", metavar="FILE", nargs="+", help="print the layout table of saved result files "
+                        "and run nothing; of several, each build labelled by its steps and pages, paired with the first")
     args = parser.parse_args()
     if args.table:
-        print(layout_table(json.loads(Path(args.table).read_text())["samples"]), end="")
+        print(layout_table(saved_samples(args.table, args.layouts)), end="")
         return
+    args.layouts = args.layouts or ["grid"]
     samples = [run(seed, args.steps, args.pages, layout, args.train_episodes)
                for seed in args.seeds for layout in args.layouts]
     labels = {"cell_accuracy": "characters read from the patch features, right screen",

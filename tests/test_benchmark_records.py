@@ -443,3 +443,23 @@ def test_the_normalizer_page_is_its_saved_runs():
     tables = page()
     assert tables in (BENCHMARKS.parent / "docs" / "results" / "2026-12-07-asyncwebrl.md").read_text()
     assert "| mean_turns_won, steps 17-24 (turns) | 5 | -0.50 [-5.17, +4.17] | 6.2 | no difference at this power |" in tables
+
+
+def test_saved_reading_builds_are_labelled_and_paired_by_page(tmp_path):
+    """Two builds' files: each build labelled by its steps and pages, the second's gap paired with the
+    first's by page. Gaps (0.1, 0.0) then (0.3, 0.2): differences 0.2 and 0.2, no spread."""
+    from screenshot_reading import layout_table, saved_samples
+
+    def build(name, steps, pages, gaps, layout="row_tiles"):
+        rows = [{"token_accuracy": 0.5 + g, "token_accuracy_swapped": 0.5, "cell_accuracy": 0.99,
+                 "cell_accuracy_swapped": 0.04} for g in gaps]
+        other = {"layout": "grid", "steps": steps, "train_pages": pages, "pages": rows}
+        (tmp_path / name).write_text(json.dumps({"samples": [other, {"layout": layout, "steps": steps,
+                                                                         "train_pages": pages, "pages": rows}]}))
+        return str(tmp_path / name)
+
+    files = [build("a.json", 300, 317, [0.1, 0.0]), build("b.json", 2000, 1252, [0.3, 0.2])]
+    samples = saved_samples(files, ["row_tiles"])
+    assert [s["layout"] for s in samples] == ["row_tiles, 300 steps on 317 pages", "row_tiles, 2000 steps on 1252 pages"]
+    assert "the reading gap paired by page: +0.200 [+0.200, +0.200]" in layout_table(samples)
+    assert [s["layout"] for s in saved_samples(files[:1])] == ["grid", "row_tiles"]  # one file: as saved
