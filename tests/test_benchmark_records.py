@@ -463,3 +463,12 @@ def test_saved_reading_builds_are_labelled_and_paired_by_page(tmp_path):
     assert [s["layout"] for s in samples] == ["row_tiles, 300 steps on 317 pages", "row_tiles, 2000 steps on 1252 pages"]
     assert "the reading gap paired by page: +0.200 [+0.200, +0.200]" in layout_table(samples)
     assert [s["layout"] for s in saved_samples(files[:1])] == ["grid", "row_tiles"]  # one file: as saved
+
+
+def test_the_reading_scale_table_in_the_docs_is_the_saved_runs():
+    from screenshot_reading import layout_table, saved_samples
+
+    files = [str(BENCHMARKS / "results" / f"screenshot_reading_{tag}.json") for tag in ("layouts", "scale")]
+    table = layout_table(saved_samples(files, ["row_tiles"]))
+    assert table in (BENCHMARKS.parent / "docs" / "screenshots.md").read_text()
+    assert "| row_tiles, 2000 steps on 1252 pages | 16 | +0.055 [+0.036, +0.073] | no |" in table
