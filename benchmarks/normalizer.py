@@ -16,6 +16,7 @@ games (non-inferior when its lower end is above -10 points).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -32,6 +33,7 @@ LATE = range(17, 25)  # the design's window for the turns of won and lost episod
 MARGIN = 0.10  # non-inferiority margin on held-out Avg@1
 
 
+@functools.cache  # each table cell reads one field: parse each run's records once
 def records(run_dir: Path, kind: str) -> list[dict]:
     return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
 

@@ -276,7 +276,8 @@ def main() -> None:
               f"{generator_idle} | {m['generated_tok_s']:.1f} | {m['trained_tok_s']:.0f} | {m['staleness']:.2f} | "
               f"{m['dropped']:.0f} | {idle} |")
     print()
-    samples = [{"variant": label, "seed": seed, **summarize(runs[label, seed])} for label in variants for seed in args.seeds]
+    samples = [{"variant": label, "seed": seed, **row} for label in variants
+               for seed, row in zip(args.seeds, rows[label], strict=True)]
     paired = []
     for label in variants:
         paired.append(Summary.of(f"{label}: s per step", [r["step_s"] for r in rows[label]], "s"))
