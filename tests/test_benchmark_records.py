@@ -472,3 +472,15 @@ def test_the_reading_scale_table_in_the_docs_is_the_saved_runs():
     table = layout_table(saved_samples(files, ["row_tiles"]))
     assert table in (BENCHMARKS.parent / "docs" / "screenshots.md").read_text()
     assert "| row_tiles, 2000 steps on 1252 pages | 16 | +0.055 [+0.036, +0.073] | no |" in table
+
+
+def test_the_screenshots_pages_per_seed_rows_are_its_saved_held_out_file():
+    """docs/results/2026-12-05-screenshots.md's before/after rows: Avg@1, held-out KL and invalid
+    actions of each seed, from screenshot_heldout_kl.json (its training clock column has no saved source)."""
+    saved = json.loads((BENCHMARKS / "results" / "screenshot_heldout_kl.json").read_text())["samples"]
+    page = (BENCHMARKS.parent / "docs" / "results" / "2026-12-05-screenshots.md").read_text()
+    for seed, run in enumerate(saved):
+        b, a = run["before"], run["after"]
+        assert run["run"].endswith(f"-s{seed}")
+        assert (f"| {seed} | {b['won']}/{b['goals']} | {a['won']}/{a['goals']} | {b['kl']:.3f} | {a['kl']:.3f} | "
+                f"{b['invalid']:.2f} | {a['invalid']:.2f} |") in page
