@@ -6,7 +6,10 @@ monkeypatched, and `meta` stands for a device other than the CPU."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -65,6 +68,36 @@ def test_pinning_without_a_launcher_changes_nothing(monkeypatch):
 
 def test_matmul_peak_is_measured_on_the_given_device():
     assert 0 < matmul_peak_flops(torch.device("cpu"), torch.float32, size=64, repeats=2) < float("inf")
+
+
+# In a fresh process (a test session's own peak may already be above anything a test allocates): its
+# peak, then after it holds 300 MiB, then with a child of its own that holds 200 MiB (bytes * n writes
+# every page, so all of it is resident).
+PEAK_PROBE = """
+import json, subprocess, sys, torch
+from turnopd.core.device import peak_memory_mib
+cpu = torch.device("cpu")
+start = peak_memory_mib(cpu)
+held = b"x" * (300 * 2**20)
+own = peak_memory_mib(cpu)
+child = subprocess.Popen([sys.executable, "-c", "b = b'x' * (200 * 2**20); print('ready', flush=True); input()"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+child.stdout.readline()
+with_child = peak_memory_mib(cpu)
+child.communicate("")
+print(json.dumps([start, own, with_child]))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="the process tree's peaks are read from /proc")
+def test_peak_memory_counts_this_process_and_the_ones_it_started():
+    out = subprocess.run([sys.executable, "-c", PEAK_PROBE], capture_output=True, text=True, check=True).stdout
+    start, own, with_child = json.loads(out.splitlines()[-1])
+    assert set(start) == {"host"}  # no cuda entry on the CPU
+    # (each figure is rounded to 0.1 MiB)
+    assert 300 - 0.2 <= own["host"] - start["host"] < 300 + 20  # the 300 MiB it holds, and little else
+    # the child's peak: its 200 MiB and an interpreter's ~10-20 MiB
+    assert 200 <= with_child["host"] - own["host"] < 200 + 40
 
 
 def test_load_model_puts_the_model_on_the_given_device(tiny_model_dir):

@@ -145,6 +145,9 @@ def test_run_records_then_kill_and_resume_continue_exactly(models, uninterrupted
     assert all(r["rollout_depth_cap"] <= 3 and r["episodes"] == 2 for r in train)
     clocks = [r["train_time_s"] for r in train]
     assert clocks == sorted(clocks) and all(r["wall_time_s"] >= r["train_time_s"] for r in train)
+    # the memory high-water mark so far: a run's process holds torch and two models (> 100 MiB); never falls
+    peaks = [r["peak_memory_mib"]["host"] for r in train]
+    assert peaks == sorted(peaks) and peaks[0] > 100
     assert "held-out success" in out_a and "student after" in out_a
     assert sorted(p.name for p in (run_a / "checkpoints").iterdir()) == [f"step_{k:06d}" for k in (1, 2, 3, 4)]
     assert json.loads((run_a / "checkpoints" / "step_000004" / "loop_state.json").read_text())["step"] == 4

@@ -9,8 +9,12 @@ onto cuda:0. Without CUDA everything runs on the CPU.
 from __future__ import annotations
 
 import os
+import resource
+import sys
 import time
+from pathlib import Path
 
+import psutil
 import torch
 
 
@@ -43,6 +47,35 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype, size: int, repea
         synchronize(device)
         best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best
+
+
+def _peak_resident_kib(pid: int) -> int:
+    """A process's peak resident set (Linux's VmHWM), KiB; 0 when it is gone or /proc lacks it."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):  # ended between the listing and the read
+        pass
+    return 0
+
+
+def peak_memory_mib(device: torch.device) -> dict[str, float]:
+    """The memory high-water marks so far, MiB. host: the peak resident set of this process plus that
+    of each live process it started (a vLLM engine core, a pipeline's generator, env workers), each
+    its own peak, summed: an upper bound of the tree's joint peak (their peaks need not coincide).
+    Where /proc is missing (not Linux) only this process's, from getrusage. cuda (on a GPU): the most
+    this process's tensors held on `device` (torch's allocator; an engine in another process is not
+    in it)."""
+    if Path("/proc/self/status").exists():
+        me = psutil.Process()
+        host = sum(_peak_resident_kib(p.pid) for p in [me, *me.children(recursive=True)]) / 1024
+    else:  # ru_maxrss is bytes on macOS, KiB on the other Unixes
+        host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 1024)
+    peaks = {"host": round(host, 1)}
+    if device.type == "cuda":
+        peaks["cuda"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    return peaks
 
 
 def pin_process_to_local_gpu() -> None:

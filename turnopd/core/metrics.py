@@ -88,6 +88,9 @@ class StepRecord:
     mean_turns_lost: float | None = None
     truncated_rate: float = 0.0
     invalid_action_rate: float = 0.0
+    # memory high-water marks since the run's process began, MiB (turnopd.core.device.peak_memory_mib):
+    # host (this process and the live ones it started), cuda on a GPU; a run's peak is its last record's
+    peak_memory_mib: dict[str, float] = field(default_factory=dict)
     env_failures: int = 0  # episodes the env ended itself, and their errors by message
     env_errors: dict[str, int] = field(default_factory=dict)
     # an env that shows screenshots (None otherwise): the screenshots in the step's prompts (keys) and

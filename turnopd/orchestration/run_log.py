@@ -14,6 +14,7 @@ from turnopd.algorithm.objective import turn_kl_profile
 from turnopd.algorithm.world_model_corrections import debiased_mean
 from turnopd.analysis.plot import plot_run
 from turnopd.config import RunConfig, to_yaml
+from turnopd.core.device import peak_memory_mib, run_device
 from turnopd.core.distributed import rank_and_world
 from turnopd.core.faults import naming_a_full_disk
 from turnopd.core.ledger import Ledger
@@ -147,6 +148,7 @@ def step_record(step: int, ledger: Ledger, phases: dict[str, float], depth: Dept
         mean_turns_won=mean_turns_of(episodes, won=True), mean_turns_lost=mean_turns_of(episodes, won=False),
         truncated_rate=sum(e.truncated for e in episodes) / len(episodes),
         invalid_action_rate=sum(e.invalid_actions for e in episodes) / max(turns, 1),
+        peak_memory_mib=peak_memory_mib(run_device()),
         env_failures=sum(e.failed_by_env for e in episodes), env_errors=env_errors(episodes),
         teacher_replicas=teacher_replicas, **(world_model_fields(episodes) if world_model else {}),
         per_env=per_env_fields(depth, plan, updated, episodes) if isinstance(plan, MixturePlan) else None)
