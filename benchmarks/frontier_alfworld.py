@@ -148,6 +148,19 @@ def save_runs(runs_dir: Path, save_dir: Path) -> None:
     print(f"saved the complete runs of {runs_dir} to {save_dir}")
 
 
+def gated_page_main(description: str, results: Path, page) -> int:
+    """The command line of a gated experiment's page script: `--save RUNS_DIR` copies its sweeps'
+    complete runs into results/runs first; then the page's tables (`page()`) are printed."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--save", type=Path, metavar="RUNS_DIR", help=f"copy the sweeps' complete runs (config.yaml, "
+                        f"metrics.jsonl) into {results}/runs, then print the tables")
+    args = parser.parse_args()
+    if args.save:
+        save_runs(args.save, results / "runs")
+    print(page())
+    return 0
+
+
 def complete_runs(runs_dir: Path) -> list:
     """The complete runs (final evaluation written) in runs_dir, by folder name."""
     return [run for path in sorted(runs_dir.glob("*/metrics.jsonl")) if (run := load_run(path.parent)).complete]
@@ -268,8 +281,12 @@ def by_task(runs: list, base: list) -> Interval:
     minus the baseline's, averaged over the seeds both ran; their mean with its t interval over the
     tasks (other games would give other numbers, as other seeds do)."""
     base_final = {run.seed: run.final.per_task for run in base}
-    pairs = [(run.final.per_task, base_final[run.seed]) for run in runs if run.seed in base_final]
-    return t_interval([statistics.fmean(ours[task] - theirs[task] for ours, theirs in pairs) for task in sorted(pairs[0][1])])
+    return t_interval(game_differences([(run.final.per_task, base_final[run.seed]) for run in runs if run.seed in base_final]))
+
+
+def game_differences(pairs: list[tuple[dict[str, float], dict[str, float]]]) -> list[float]:
+    """Per game (by name), the first score minus the second averaged over the pairs (one a seed)."""
+    return [statistics.fmean(ours[task] - theirs[task] for ours, theirs in pairs) for task in sorted(pairs[0][1])]
 
 
 def main() -> int:

@@ -15,14 +15,14 @@ games (non-inferior when its lower end is above -10 points).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import statistics
 import sys
 from pathlib import Path
 
-from frontier_alfworld import by_task, complete_runs, points, save_runs
+from frontier_alfworld import by_task, complete_runs, gated_page_main, points
+from record import gate_line
 
 from turnopd.analysis.frontier import detectable_effect, non_inferiority, t_interval
 from turnopd.commands.frontier import detectable_cell
@@ -43,14 +43,6 @@ def late_mean(run_dir: Path, key: str) -> float | None:
     won, left out); None when no step has it."""
     values = [r[key] for r in records(run_dir, "train") if r["step"] in LATE and r.get(key) is not None]
     return statistics.fmean(values) if values else None
-
-
-def gate_line(gate: dict) -> str:
-    lead = next(iter(gate["envs"].values()))["lead"]
-    return (f"Gate (`turnopd teacher lead`, {lead['tasks']} held-out games): teacher {lead['teacher']:.1f}%, "
-            f"student {lead['student']:.1f}%, lead {lead['lead_points']:+.1f} points "
-            f"[{lead['interval'][0]:+.1f}, {lead['interval'][1]:+.1f}] against the bar of {lead['min_points']:.0f}: "
-            f"{'passes' if gate['passes'] else 'fails: the comparison shows nothing'}.")
 
 
 def per_run_table(arms: dict[str, list]) -> list[str]:
@@ -103,16 +95,5 @@ def page(results: Path = RESULTS) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--save", type=Path, metavar="RUNS_DIR", help="copy the sweep's complete runs (config.yaml, "
-                        "metrics.jsonl) into benchmarks/results/normalizer/runs, then print the tables")
-    args = parser.parse_args()
-    if args.save:
-        save_runs(args.save, RESULTS / "runs")
-    print(page())
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(gated_page_main(__doc__.splitlines()[0], RESULTS, page))

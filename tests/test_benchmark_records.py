@@ -376,6 +376,18 @@ def test_the_throughput_table_pairs_each_mode_with_sync_by_seed():
             "30% (20-40) | 20% (10-30) | 1.00 (1.00-1.00) | 0 | 2 |") in table
 
 
+def gated_page(page, folder: Path, lead: dict) -> str:
+    """A gated experiment's page from `folder` with a passing gate of `lead`; with a failing one the
+    page must stop after the gate's line."""
+    def write_gate(passes: bool) -> None:
+        (folder / "gate.json").write_text(json.dumps({"passes": passes, "envs": {"alfworld": {"lead": lead}}}))
+
+    write_gate(False)
+    assert page(folder).endswith("fails: the comparison shows nothing.")
+    write_gate(True)
+    return page(folder)
+
+
 def test_the_normalizer_tables_pair_the_arms_by_seed_and_by_game(tmp_path):
     """Two seeds of each arm, worked by hand. Won turns over steps 17-24 (step 16 is outside the window):
     per-trajectory 10 and 12, constant 8 and 9 (seed 1: 8 at steps 17-20, 10 at 21-24): differences -2
@@ -402,9 +414,7 @@ def test_the_normalizer_tables_pair_the_arms_by_seed_and_by_game(tmp_path):
     run(PER_TRAJECTORY, 1, lambda s: 12.0, (1.0, 1.0))
     run(CONSTANT, 0, lambda s: 8.0, (1.0, 1.0))
     run(CONSTANT, 1, lambda s: 8.0 if s <= 20 else 10.0, (0.0, 1.0))
-    lead = {"tasks": 2, "teacher": 70.0, "student": 30.0, "lead_points": 40.0, "interval": [25.0, 55.0], "min_points": 20.0}
-    (tmp_path / "gate.json").write_text(json.dumps({"passes": True, "envs": {"alfworld": {"lead": lead}}}))
-    text = page(tmp_path)
+    text = gated_page(page, tmp_path, {"tasks": 2, "teacher": 70.0, "student": 30.0, "lead_points": 40.0, "interval": [25.0, 55.0], "min_points": 20.0})
     assert "lead +40.0 points [+25.0, +55.0] against the bar of 20: passes" in text
     assert f"| {PER_TRAJECTORY} | 0 | 10.00 | 20.00 | 0.10 | 0.50 | 0% / 50% | 24.0 |" in text
     assert f"| {CONSTANT} | 1 | 9.00 | 20.00 | 0.10 | 0.50 | 0% / 50% | 24.0 |" in text
@@ -412,8 +422,46 @@ def test_the_normalizer_tables_pair_the_arms_by_seed_and_by_game(tmp_path):
     assert "| mean_turns_lost, steps 17-24 (turns) | 2 | +0.00 [+0.00, +0.00] | - (no spread) | equal in every seed |" in text
     assert "over the games (per game averaged over the seeds) +0.0 [-635.3, +635.3] points" in text
     assert "inconclusive at 10 points" in text
-    (tmp_path / "gate.json").write_text(json.dumps({"passes": False, "envs": {"alfworld": {"lead": lead}}}))
-    assert page(tmp_path).endswith("fails: the comparison shows nothing.")
+
+
+def test_the_smollm2_chat_tables_pair_before_and_after_by_game(tmp_path):
+    """Two seeds an arm, games a, b, c, worked by hand. Both arms start at (0, 0, 1) (greedy: one
+    vector). chat after: seed 0 (1, 0, 1), seed 1 (1, 1, 1): per game averaged over the seeds 1, 0.5, 0;
+    mean 0.5, sd 0.5, half-width 4.303 x 0.5 / sqrt 3 = 1.242 -> +50.0 [-74.2, +174.2] points,
+    detectable (4.303 + 1.061) x 0.5 / sqrt 3 = 154.8. history_block after: (0, 0, 1) in both seeds:
+    unchanged. chat minus history_block after: 1, 0.5, 0 again. Per run (2 steps): step time 10 and
+    20 s (median 15), rollout 4 then a probe of 8 (6), teacher 2 and 4 (3), update 2.5 + 0.5 and 4 + 1 (4),
+    teacher tokens (100 + 300) / (10 + 10) env steps = 20, invalid actions 0.1 and 0.2 (15.0%), peak
+    memory the last record's 2048.4 MiB, held-out mean turns 20.0 -> 15.0."""
+    from smollm2_chat import ARMS, page
+
+    def run(arm, seed, after):
+        folder = tmp_path / "runs" / f"{ARMS[arm]}-turnopd-s{seed}"
+        folder.mkdir(parents=True)
+        records = [{"kind": "start", "name": folder.name, "method": "turnopd", "seed": seed, "total_steps": 2,
+                    "resumed_from_step": 0}]
+        records += [{"kind": "train", "step": 1, "train_time_s": 10.0, "step_time_s": 10.0, "phases": {"rollout": 4.0, "train": 5.0},
+                     "train_parts": {"teacher": 2.0, "forward_backward": 2.5, "optimizer": 0.5}, "tokens_scored": 100,
+                     "env_steps": 10, "invalid_action_rate": 0.1, "peak_memory_mib": {"host": 1000.0}},
+                    {"kind": "train", "step": 2, "train_time_s": 30.0, "step_time_s": 20.0, "phases": {"probe": 8.0, "train": 9.0},
+                     "train_parts": {"teacher": 4.0, "forward_backward": 4.0, "optimizer": 1.0}, "tokens_scored": 300,
+                     "env_steps": 10, "invalid_action_rate": 0.2, "peak_memory_mib": {"host": 2048.4}}]
+        records += [{"kind": "eval", "step": step, "train_time_s": clock, "split": "valid", "k": 1,
+                     "avg_at_k": sum(scores) / 3, "per_task": dict(zip("abc", scores, strict=True)), "mean_turns": turns}
+                    for step, clock, scores, turns in ((0, 0.0, (0.0, 0.0, 1.0), 20.0), (2, 30.0, after, 15.0))]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    run("chat", 0, (1.0, 0.0, 1.0))
+    run("chat", 1, (1.0, 1.0, 1.0))
+    run("history_block", 0, (0.0, 0.0, 1.0))
+    run("history_block", 1, (0.0, 0.0, 1.0))
+    text = gated_page(page, tmp_path, {"tasks": 3, "teacher": 90.0, "student": 30.0, "lead_points": 60.0, "interval": [40.0, 80.0], "min_points": 20.0})
+    assert "lead +60.0 points [+40.0, +80.0] against the bar of 20: passes" in text
+    assert "| chat | 0 | 33% -> 67% | 20.0 -> 15.0 | 15.0% | 15 | 6 / 3 / 4 | 20 | 2048 |" in text
+    assert "| history_block | 1 | 33% -> 33% |" in text
+    assert "| chat | 2 | +50.0 [-74.2, +174.2] points | 154.8 | no difference at this power |" in text
+    assert "| history_block | 2 | +0.0 [+0.0, +0.0] points | - (no spread) | unchanged in every game |" in text
+    assert "chat minus history_block after (per game averaged over the seeds both ran): **+50.0 [-74.2, +174.2] points**" in text
 
 
 def test_the_screenshot_throughput_page_is_its_saved_runs():

@@ -1,0 +1,102 @@
+"""A real chat model distilled as a chat agent (issue 56, docs/results/smollm2-chat-design.md):
+SmolLM2-135M-Instruct on the quickstart's ALFWorld task, each episode one conversation
+(prompt.style=chat) against the paper's fresh prompt per turn (history_block): the page's tables from
+the saved gate and runs.
+
+    VLLM_CPU_KVCACHE_SPACE=8 turnopd teacher lead recipes/alfworld/smollm2_chat.yaml policy.backend=vllm \\
+        policy.max_batch_size=50 -o benchmarks/results/smollm2_chat/gate.json
+    turnopd sweep recipes/alfworld/smollm2_chat.yaml --methods turnopd --seeds 3 --name smollm2_chat \\
+        --out-dir runs/smollm2_chat
+    turnopd sweep recipes/alfworld/smollm2_chat.yaml --methods turnopd --seeds 3 --name smollm2_history \\
+        --out-dir runs/smollm2_chat prompt.style=history_block
+    python benchmarks/smollm2_chat.py --save runs/smollm2_chat   # copy the complete runs into the results folder
+    python benchmarks/smollm2_chat.py               # the page's tables, from the saved gate and runs
+
+Primary, per arm: the student's greedy Avg@1 on the 50 held-out games after minus before, per game
+averaged over the seeds, with its t interval over the games. Secondary: chat minus history_block after,
+paired the same way; per run the held-out mean turns, the training invalid-action rate, the step time
+and its phases (medians over the steps), the tokens the teacher scored per env step and the peak host
+memory (the run's last record).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from frontier_alfworld import by_task, complete_runs, game_differences, gated_page_main, points
+from record import gate_line
+
+from turnopd.analysis.frontier import detectable_effect, t_interval
+from turnopd.commands.frontier import detectable_cell
+
+RESULTS = Path(__file__).parent / "results" / "smollm2_chat"
+ARMS = {"chat": "smollm2_chat", "history_block": "smollm2_history"}  # the arm: its sweep's --name
+
+
+def arm_runs(runs: list) -> dict[str, list]:
+    """The complete runs of each arm (its sweep's runs are named <sweep>-<method>-s<seed>), by seed."""
+    return {arm: sorted((r for r in runs if r.name.startswith(f"{sweep}-")), key=lambda r: r.seed)
+            for arm, sweep in ARMS.items()}
+
+
+def eval_turns(run) -> tuple[float, float]:
+    """The held-out evaluations' mean turns, before (step 0) and after (the last)."""
+    evals = [r for r in map(json.loads, (run.path / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
+    return evals[0]["mean_turns"], evals[-1]["mean_turns"]
+
+
+def median(run, value) -> float:
+    return statistics.median(value(r) for r in run.train)
+
+
+def per_run_table(arms: dict[str, list]) -> list[str]:
+    lines = ["| arm | seed | held-out Avg@1 before -> after | held-out mean turns | invalid actions (training) | "
+             "s per step | rollout / teacher / update s | teacher tokens per env step | peak host memory (MiB) |",
+             "| --- | ---: | --- | --- | ---: | ---: | --- | ---: | ---: |"]
+    for arm, runs in arms.items():
+        for run in runs:
+            before, after = eval_turns(run)
+            rollout = median(run, lambda r: r.phases.get("rollout", 0.0) + r.phases.get("probe", 0.0))
+            teacher = median(run, lambda r: r.train_parts.get("teacher", 0.0))
+            update = median(run, lambda r: r.train_parts.get("forward_backward", 0.0) + r.train_parts.get("optimizer", 0.0))
+            lines.append(
+                f"| {arm} | {run.seed} | {100 * run.evals[0].avg_at_k:.0f}% -> {100 * run.final.avg_at_k:.0f}% | "
+                f"{before:.1f} -> {after:.1f} | {100 * statistics.fmean(r.invalid_action_rate for r in run.train):.1f}% | "
+                f"{median(run, lambda r: r.step_time_s):.0f} | {rollout:.0f} / {teacher:.0f} / {update:.0f} | "
+                f"{sum(r.tokens_scored for r in run.train) / max(1, sum(r.env_steps for r in run.train)):.0f} | "
+                f"{run.train[-1].peak_memory_mib.get('host', float('nan')):.0f} |")
+    return lines
+
+
+def primary_lines(arms: dict[str, list]) -> list[str]:
+    lines = ["| arm | seeds | after - before, per game averaged over the seeds [t 95% over games] | "
+             "detectable (80% power) | called |", "| --- | ---: | --- | ---: | --- |"]
+    for arm, runs in arms.items():
+        differences = game_differences([(run.final.per_task, run.evals[0].per_task) for run in runs])
+        change = t_interval(differences)
+        called = ("improves" if change.lo > 0 else "worsens" if change.hi < 0
+                  else "unchanged in every game" if change.lo == change.hi == 0 else "no difference at this power")
+        lines.append(f"| {arm} | {len(runs)} | {points(change)} points | "
+                     f"{detectable_cell(detectable_effect(differences))} | {called} |")
+    chat, history = arms["chat"], arms["history_block"]
+    if chat and history:
+        lines += ["", f"chat minus history_block after (per game averaged over the seeds both ran): "
+                      f"**{points(by_task(chat, history))} points**."]
+    return lines
+
+
+def page(results: Path = RESULTS) -> str:
+    """The gate, then (when it passed and runs are saved) each run's figures and the comparisons."""
+    gate = json.loads((results / "gate.json").read_text())
+    lines = [gate_line(gate)]
+    arms = arm_runs(complete_runs(results / "runs"))
+    if gate["passes"] and any(arms.values()):
+        lines += ["", *per_run_table(arms), "", *primary_lines(arms)]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(gated_page_main(__doc__.splitlines()[0], RESULTS, page))
