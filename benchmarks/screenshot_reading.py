@@ -46,8 +46,8 @@ SIZE = {"hidden_size": 128, "num_layers": 3, "num_heads": 4, "max_position_embed
 def per_page(model, processor, reader, pages: list[vlm.PageShot]) -> list[dict[str, float]]:
     """vlm.reading_test of each page alone (its swapped screen: the next page's)."""
     swapped = vlm.swapped_screens(pages)
-    return [{"cell_accuracy": vlm.cell_accuracy(model, reader, processor, [page]),
-             "cell_accuracy_swapped": vlm.cell_accuracy(model, reader, processor, [other]),
+    return [{"cell_accuracy": vlm.cell_accuracy(model.model.vision_tower, reader, processor, [page]),
+             "cell_accuracy_swapped": vlm.cell_accuracy(model.model.vision_tower, reader, processor, [other]),
              "token_accuracy": vlm.token_accuracy(model, processor, [page]),
              "token_accuracy_swapped": vlm.token_accuracy(model, processor, [other])}
             for page, other in zip(pages, swapped, strict=True)]

@@ -219,7 +219,7 @@ def test_the_reader_and_the_transcription_loss_come_from_one_forward(pages, load
     cells = vlm.cell_labels(pages[:2], processor)
     with torch.no_grad():
         loss, cell_loss = vlm.reading_loss(model, reader, batch, cells)
-        logits = reader(vlm.patch_features(model, batch["pixel_values"]))
+        logits = reader(vlm.patch_features(model.model.vision_tower, batch["pixel_values"]))
         assert loss.item() == pytest.approx(vlm.transcription_loss(model, batch).item(), rel=1e-6)
     assert logits.shape == (2, 576, 8, vlm.CELL_CLASSES)
     per_cell = torch.nn.functional.cross_entropy(logits.reshape(-1, vlm.CELL_CLASSES), cells.reshape(-1),
@@ -228,7 +228,7 @@ def test_the_reader_and_the_transcription_loss_come_from_one_forward(pages, load
     assert 0 < (~blank).sum() < blank.sum()  # the pages' characters, and more blank cells than them
     expected = per_cell[blank].mean() + per_cell[~blank].mean()  # each kind of cell weighs half
     assert cell_loss.item() == pytest.approx(expected.item(), rel=1e-5)
-    assert 0 <= vlm.cell_accuracy(model, reader, processor, pages[:1]) <= 1
+    assert 0 <= vlm.cell_accuracy(model.model.vision_tower, reader, processor, pages[:1]) <= 1
 
 
 def test_character_accuracy_is_one_minus_the_character_error_rate() -> None:

@@ -1,7 +1,7 @@
 """Models that run without a hub (see base.py): the registry of model preparations and the built-in
-`tiny`, `tiny_vlm` and `smollm2-135m` ones, which register themselves on import."""
+`tiny`, `tiny_vlm`, `screen_reader` and `smollm2-135m` ones, which register themselves on import."""
 
-from turnopd.models import env_text, smollm2, vlm  # noqa: F401  (register the preparations)
+from turnopd.models import env_text, screen_reader, smollm2, vlm  # noqa: F401  (register the preparations)
 from turnopd.models.base import (
     BUILD_INFO,
     MODEL_PREPARERS,

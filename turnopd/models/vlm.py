@@ -78,6 +78,7 @@ if TYPE_CHECKING:
         LlavaProcessor,
         PreTrainedTokenizerBase,
         SiglipImageProcessorPil,
+        SiglipVisionConfig,
     )
 
 # transformers is imported where it is used: `import turnopd.models` registers this preparation and
@@ -134,7 +135,7 @@ def new_tiny_vlm(
     The tokenizer is trained on `texts`; text head size hidden_size / num_heads must be one of
     tiny.HEAD_DIMS. intermediate sizes default to 4 x hidden. Untied embeddings (as tiny.py: vLLM's
     in-place weight reload is exact only for untied models)."""
-    from transformers import LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor, SiglipVisionConfig
+    from transformers import LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
 
     from turnopd.models.tiny import build_tokenizer, check_text_shape, text_config
 
@@ -145,14 +146,10 @@ def new_tiny_vlm(
     language = text_config(tok, arch=arch, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
                            num_kv_heads=num_heads, intermediate_size=intermediate_size or 4 * hidden_size,
                            max_position_embeddings=max_position_embeddings, tie_word_embeddings=False)
-    vision_config = SiglipVisionConfig(
-        image_size=SCREEN_PIXELS, patch_size=patch_size, num_channels=num_channels,
-        hidden_size=vision_hidden_size, num_hidden_layers=vision_layers, num_attention_heads=vision_heads,
-        intermediate_size=vision_intermediate_size or 4 * vision_hidden_size,
-        vision_use_head=False,  # the pooling head makes one vector of the image; LLaVA reads the patches
-    )
+    vision = tower_config(hidden_size=vision_hidden_size, layers=vision_layers, heads=vision_heads,
+                          intermediate_size=vision_intermediate_size, patch_size=patch_size, num_channels=num_channels)
     config = LlavaConfig(
-        vision_config=vision_config, text_config=language,
+        vision_config=vision, text_config=language,
         image_token_index=tok.convert_tokens_to_ids(IMAGE_TOKEN),
         image_seq_length=(SCREEN_PIXELS // patch_size) ** 2,
         vision_feature_select_strategy="full", vision_feature_layer=-1,
@@ -168,6 +165,20 @@ def new_tiny_vlm(
                                patch_size=patch_size, vision_feature_select_strategy="full",
                                chat_template=tok.chat_template, image_token=IMAGE_TOKEN)
     return model, processor
+
+
+def tower_config(*, hidden_size: int, layers: int, heads: int, intermediate_size: int | None, patch_size: int,
+                 num_channels: int) -> SiglipVisionConfig:
+    """A SigLIP vision tower over the whole screen, one feature a patch (intermediate size defaults to
+    4 x hidden)."""
+    from transformers import SiglipVisionConfig
+
+    return SiglipVisionConfig(
+        image_size=SCREEN_PIXELS, patch_size=patch_size, num_channels=num_channels,
+        hidden_size=hidden_size, num_hidden_layers=layers, num_attention_heads=heads,
+        intermediate_size=intermediate_size or 4 * hidden_size,
+        vision_use_head=False,  # the pooling head makes one vector of the image; LLaVA reads the patches
+    )
 
 
 def check_screen_options(patch_size: int, num_channels: int, screen_layout: str) -> None:
@@ -351,10 +362,10 @@ def cell_reader_for(model: LlavaForConditionalGeneration) -> CellReader:
     return CellReader(vision.hidden_size, (vision.patch_size // CELL_W) * (vision.patch_size // CELL_H))
 
 
-def patch_features(model: LlavaForConditionalGeneration, pixel_values: torch.Tensor) -> torch.Tensor:
-    """The vision tower's last-layer patch features, what the projector takes (vision_feature_layer
-    -1, strategy "full"): [n, patches, vision hidden]."""
-    return model.model.vision_tower(pixel_values, output_hidden_states=True).hidden_states[-1]
+def patch_features(tower: torch.nn.Module, pixel_values: torch.Tensor) -> torch.Tensor:
+    """A vision tower's last-layer patch features (a VLM's: `model.model.vision_tower`), what the
+    projector takes (vision_feature_layer -1, strategy "full"): [n, patches, vision hidden]."""
+    return tower(pixel_values, output_hidden_states=True).hidden_states[-1]
 
 
 def cell_labels(pages: Sequence[PageShot], processor: LlavaProcessor) -> torch.Tensor:
@@ -365,14 +376,15 @@ def cell_labels(pages: Sequence[PageShot], processor: LlavaProcessor) -> torch.T
 
 
 @torch.no_grad()
-def cell_accuracy(model: LlavaForConditionalGeneration, reader: CellReader, processor: LlavaProcessor,
+def cell_accuracy(tower: torch.nn.Module, reader: CellReader, processor: LlavaProcessor,
                   pages: Sequence[PageShot]) -> float:
     """The fraction of the pages' text characters (non-blank cells) the reader gets right from the
-    patch features of `pages`' pixels (blank cells, most of a screen, would make any reader look good)."""
-    model.eval()
+    tower's patch features of `pages`' pixels (blank cells, most of a screen, would make any reader
+    look good)."""
+    tower.eval()
     hits = total = 0
     for page in pages:
-        logits = reader(patch_features(model, screen_pixel_values([page.pixels], processor)))
+        logits = reader(patch_features(tower, screen_pixel_values([page.pixels], processor)))
         labels = cell_labels([page], processor)
         text = labels != ord(" ")
         hits += int((logits.argmax(-1)[text] == labels[text]).sum())
@@ -458,19 +470,25 @@ def transcription_quality(model: LlavaForConditionalGeneration, processor: Llava
 def reading_loss(model: LlavaForConditionalGeneration, reader: CellReader, batch: dict[str, torch.Tensor],
                  cells: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The transcription loss and the reader's per-cell loss from one forward (the patch features
-    are caught as they enter the projector). The per-cell loss is the mean cross-entropy over the cells
-    with a character plus that over the blank ones: blanks are ~90% of a screen, and in one mean
-    a reader learns "blank" everywhere first and reads no character for many steps."""
+    are caught as they enter the projector). The per-cell loss (cell_loss) is the mean cross-entropy
+    over the cells with a character plus that over the blank ones: blanks are ~90% of a screen, and in
+    one mean a reader learns "blank" everywhere first and reads no character for many steps."""
     caught: list[torch.Tensor] = []
     hook = model.model.multi_modal_projector.register_forward_hook(lambda _m, args, _out: caught.append(args[0]))
     try:
         loss = model(**batch).loss
     finally:
         hook.remove()
-    per_cell = torch.nn.functional.cross_entropy(reader(caught[0]).reshape(-1, CELL_CLASSES), cells.reshape(-1),
-                                                 reduction="none")
+    return loss, cell_loss(reader(caught[0]), cells)
+
+
+def cell_loss(logits: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
+    """The reader's per-cell loss: logits [n, patches, cells per patch, CELL_CLASSES] against the codes
+    [n, patches, cells per patch]: the mean cross-entropy over the cells with a character plus that
+    over the blank ones (see reading_loss)."""
+    per_cell = torch.nn.functional.cross_entropy(logits.reshape(-1, CELL_CLASSES), cells.reshape(-1), reduction="none")
     blank = cells.reshape(-1) == ord(" ")
-    return loss, sum((per_cell[part].mean() for part in (blank, ~blank) if part.any()), torch.zeros(()))
+    return sum((per_cell[part].mean() for part in (blank, ~blank) if part.any()), torch.zeros(()))
 
 
 def swapped_screens(pages: Sequence[PageShot]) -> list[PageShot]:
@@ -487,44 +505,59 @@ def reading_test(model: LlavaForConditionalGeneration, processor: LlavaProcessor
     swapped = swapped_screens(pages)
     return {"token_accuracy": token_accuracy(model, processor, pages),
             "token_accuracy_swapped": token_accuracy(model, processor, swapped),
-            "cell_accuracy": cell_accuracy(model, reader, processor, pages),
-            "cell_accuracy_swapped": cell_accuracy(model, reader, processor, swapped)}
+            "cell_accuracy": cell_accuracy(model.model.vision_tower, reader, processor, pages),
+            "cell_accuracy_swapped": cell_accuracy(model.model.vision_tower, reader, processor, swapped)}
 
 
 def train_transcription(model: LlavaForConditionalGeneration, processor: LlavaProcessor,
                         pages: Sequence[PageShot], *, steps: int, batch_size: int, lr: float,
                         reader: CellReader | None = None, seed: int = 0, log_every: int = 0) -> list[float]:
-    """`steps` AdamW steps (cosine decay from lr to 0 after a 10% warm-up) on batches of
-    `batch_size` pages drawn in seeded shuffled passes over `pages`; returns each step's
-    transcription loss. With a `reader`, its per-cell loss (reading_loss) is added and it trains too."""
+    """`steps` steps of train_on_pages on the transcription loss; returns each step's transcription
+    loss. With a `reader`, its per-cell loss (reading_loss) is added and it trains too."""
+    def step_loss(chosen: list[PageShot]) -> tuple[torch.Tensor, torch.Tensor, str]:
+        batch = transcription_batch(chosen, processor, model.config)
+        if reader is None:
+            loss = transcription_loss(model, batch)
+            return loss, loss, f"loss {loss.item():.3f}"
+        loss, cells = reading_loss(model, reader, batch, cell_labels(chosen, processor))
+        return loss + cells, loss, f"loss {loss.item():.3f}, cells {cells.item():.3f}"
+
+    modules = [model] if reader is None else [model, reader]
+    return train_on_pages(modules, pages, step_loss, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
+                          log_every=log_every, label="transcription")
+
+
+def train_on_pages(modules: Sequence[torch.nn.Module], pages: Sequence[PageShot], step_loss, *, steps: int,
+                   batch_size: int, lr: float, seed: int = 0, log_every: int = 0, label: str = "step") -> list[float]:
+    """`steps` AdamW steps on the modules' parameters (cosine decay from lr to 0 after a 10% warm-up,
+    gradients clipped at norm 1) on batches of `batch_size` pages drawn in seeded shuffled passes over
+    `pages`. `step_loss(batch)` -> (the loss to minimize, the loss to report, a log line). Returns each
+    step's reported loss; the modules are left in eval mode."""
     order: list[int] = []
     rng = random.Random(seed)
-    params = [*model.parameters(), *(reader.parameters() if reader is not None else [])]
+    params = [p for module in modules for p in module.parameters()]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     warmup = max(1, steps // 10)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(
         (s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(1, steps))))))
     losses = []
-    model.train()
+    for module in modules:
+        module.train()
     for step in range(steps):
         while len(order) < batch_size:  # next shuffled pass
             order += rng.sample(range(len(pages)), len(pages))
         chosen, order = [pages[i] for i in order[:batch_size]], order[batch_size:]
-        batch = transcription_batch(chosen, processor, model.config)
-        if reader is None:
-            loss = cell_loss = transcription_loss(model, batch)
-        else:
-            loss, cell_loss = reading_loss(model, reader, batch, cell_labels(chosen, processor))
+        loss, reported, line = step_loss(chosen)
         optimizer.zero_grad()
-        (loss if reader is None else loss + cell_loss).backward()
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         scheduler.step()
-        losses.append(loss.item())
+        losses.append(reported.item())
         if log_every and (step + 1) % log_every == 0:
-            print(f"transcription step {step + 1}/{steps}: loss {loss.item():.3f}, cells {cell_loss.item():.3f}",
-                  flush=True)
-    model.eval()
+            print(f"{label} step {step + 1}/{steps}: {line}", flush=True)
+    for module in modules:
+        module.eval()
     return losses
 
 
@@ -568,8 +601,9 @@ def prepare_tiny_vlm(out_dir: Path, *, env: str | dict[str, Any] = "webshop", da
         "batch_size": batch_size, "lr": lr, "first_loss": losses[0] if losses else None,
         "last_loss": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
         "before": before, "after": after, "after_swapped_screens": prior, "train_seconds": round(train_seconds, 1),
-        "cell_accuracy": cell_accuracy(model, reader, processor, held_out),
-        "cell_accuracy_swapped_screens": cell_accuracy(model, reader, processor, swapped_screens(held_out)),
+        "cell_accuracy": cell_accuracy(model.model.vision_tower, reader, processor, held_out),
+        "cell_accuracy_swapped_screens": cell_accuracy(model.model.vision_tower, reader, processor,
+                                                       swapped_screens(held_out)),
     }
     info = {"builder": "tiny_vlm", "options": size, **corpus_source(texts), "parameters": model.num_parameters(),
             "image_tokens_per_screen": image_tokens_of(model.config), "transcription": transcription}
