@@ -464,6 +464,26 @@ def test_the_smollm2_chat_tables_pair_before_and_after_by_game(tmp_path):
     assert "chat minus history_block after (per game averaged over the seeds both ran): **+50.0 [-74.2, +174.2] points**" in text
 
 
+def test_the_screen_reader_table_by_hand():
+    """Three pages. Text cells 0.9, 1.0, 0.95: mean 0.95, sd 0.05, half-width 4.303 x 0.05 / sqrt 3 =
+    0.124 -> [0.826, 1.074]; from another page's screen 0.0, 0.1, 0.05: 0.050 [-0.074, 0.174]; the other
+    measures constant. 0.95 >= 0.90 and 0.05 < 0.10: reads; with 0.12 from another page's (mean of
+    0.0, 0.26, 0.1) it does not."""
+    from screen_reader import table
+
+    def record(swapped):
+        return {"samples": [{"pages": [{"cell_accuracy": own, "cell_accuracy_swapped": other, "char_accuracy": 0.8,
+                                        "char_accuracy_swapped": 0.2, "lines_exact": 0.5, "lines_exact_swapped": 0.0}
+                                       for own, other in zip((0.9, 1.0, 0.95), swapped, strict=True)]}]}
+
+    text = table(record((0.0, 0.1, 0.05)))
+    assert "| 3 held-out pages | own screen [t 95% over pages] | another page's screen |" in text
+    assert "| text cells read right | 0.950 [0.826, 1.074] | 0.050 [-0.074, 0.174] |" in text
+    assert "| characters (1 - CER) | 0.800 [0.800, 0.800] | 0.200 [0.200, 0.200] |" in text
+    assert "**reads** (0.950 / 0.050)" in text
+    assert "**does not read** (0.950 / 0.120)" in table(record((0.0, 0.26, 0.1)))
+
+
 def test_the_screenshot_throughput_page_is_its_saved_runs():
     """The page embeds `pipeline_overlap.py --table` of the saved file, whose samples the saved run
     records give again."""

@@ -164,6 +164,15 @@ def reading_summary(per_page: Sequence[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.fmean(page[key] for page in per_page) for key in per_page[0]}
 
 
+def reading_pages(episodes: int, eval_episodes: int, data_dir: str | None = None, seed: int = 0
+                  ) -> tuple[list[vlm.PageShot], list[vlm.PageShot]]:
+    """The distinct pages of `episodes` expert train-split episodes (to train on), and those of
+    `eval_episodes` test-split episodes that none of them shows (held out)."""
+    train = vlm.play_pages("train", episodes, data_dir, seed)
+    seen = {p.text for p in train}
+    return train, [p for p in vlm.play_pages("test", eval_episodes, data_dir, seed) if p.text not in seen]
+
+
 @MODEL_PREPARERS.register("screen_reader")
 def prepare_screen_reader(out_dir: Path, *, data_dir: str | None = None, episodes: int = 100, eval_episodes: int = 40,
                           steps: int = 300, batch_size: int = 4, lr: float = 3e-3, seed: int = 0, **size: Any) -> Path:
@@ -172,9 +181,7 @@ def prepare_screen_reader(out_dir: Path, *, data_dir: str | None = None, episode
     `eval_episodes` test-split episodes (none a train page) goes into the build record."""
     start = time.perf_counter()
     reader = new_screen_reader(seed=seed, **size)
-    train_pages = vlm.play_pages("train", episodes, data_dir, seed)
-    train_texts = {p.text for p in train_pages}
-    held_out = [p for p in vlm.play_pages("test", eval_episodes, data_dir, seed) if p.text not in train_texts]
+    train_pages, held_out = reading_pages(episodes, eval_episodes, data_dir, seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         losses = train_reader(reader, train_pages, steps=steps, batch_size=batch_size, lr=lr, seed=seed, log_every=50)
