@@ -89,6 +89,8 @@ BENCHMARKS = [
         "benchmarks/screenshot_reading.py", "--layouts", "row_tiles", "--steps", "2000", "--train-episodes", "400",
         "--pages", "16", "--seeds", "0", "--tag", "scale"], ["--steps", "2", "--pages", "2", "--train-episodes", "2"],
         {"OMP_NUM_THREADS": "2"}),
+    Benchmark("screen_reader", "main", ["benchmarks/screen_reader.py"],
+              ["--steps", "2", "--episodes", "2", "--eval-episodes", "2"], {"OMP_NUM_THREADS": "2"}),
 ]
 # result files no entry above writes under its own name (the experiments' folders are not here either:
 # their pages give their commands)

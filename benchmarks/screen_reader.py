@@ -8,7 +8,7 @@ no train episode shows (129 pages), each from its own screen and from another pa
 
 Saved to benchmarks/results/screen_reader.json: per page the share of its text cells read right,
 the character accuracy (1 - CER) of the text read and the share of its lines read exactly, from its
-own screen and from another page's, and the reader's build record. The table: each mean with its t
+own screen and from another page's; the most frequent misreadings; the reader's build record. The table: each mean with its t
 interval over the pages, and the design's verdict (reads: text cells >= 0.90 from the page's own
 screen and < 0.10 from another page's).
 """
@@ -16,20 +16,36 @@ screen and < 0.10 from another page's).
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import statistics
+import tempfile
 from pathlib import Path
 
+import torch
 from record import Summary, save_result
 
 from turnopd.analysis.frontier import t_interval
-from turnopd.models import prepare_model, read_build_info
-from turnopd.models.screen_reader import load_screen_reader, reading_pages, reading_test
+from turnopd.loaders.screens import screen_pixel_values
+from turnopd.models import prepare_model, read_build_info, vlm
+from turnopd.models.screen_reader import ScreenReader, load_screen_reader, reading_pages, reading_test
 
 OPTIONS = {"episodes": 100, "eval_episodes": 40, "steps": 300}  # the design's build
 MEASURES = {"cell_accuracy": "text cells read right", "char_accuracy": "characters (1 - CER)",
             "lines_exact": "lines read exactly"}
 OWN, OTHER = 0.90, 0.10  # the design's bar on text cells
+
+
+@torch.no_grad()
+def confusions(reader: ScreenReader, pages: list[vlm.PageShot], top: int = 12) -> list[list]:
+    """The most frequent misreadings over the pages' text cells: [character, read as, count]."""
+    counts: collections.Counter = collections.Counter()
+    for page in pages:
+        read = reader(screen_pixel_values([page.pixels], reader.processor)).argmax(-1)[0]
+        truth = vlm.cell_labels([page], reader.processor)[0]
+        wrong = (truth != ord(" ")) & (read != truth)
+        counts.update(zip(truth[wrong].tolist(), read[wrong].tolist(), strict=True))
+    return [[chr(a), chr(b), n] for (a, b), n in counts.most_common(top)]
 
 
 def table(record: dict) -> str:
@@ -47,24 +63,32 @@ def table(record: dict) -> str:
     verdict = "reads" if own >= OWN and other < OTHER else "does not read"
     lines += ["", f"By the design's bar (text cells >= {OWN:.2f} from the page's own screen, < {OTHER:.2f} from "
                   f"another page's): **{verdict}** ({own:.3f} / {other:.3f})."]
+    if "confusions" in record["samples"][0]:
+        lines += ["", "Most frequent misreadings (character -> read as, text cells of the held-out pages): " + ", ".join(
+            f"`{a}` -> `{b}` {n}" for a, b, n in record["samples"][0]["confusions"]) + "."]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", metavar="FILE", help="print the table of a saved result and run nothing")
+    for key, value in OPTIONS.items():
+        parser.add_argument(f"--{key.replace('_', '-')}", type=int, default=value,
+                            help=f"default {value}, the design's (other values build a scratch reader)")
     args = parser.parse_args()
     if args.table:
         print(table(json.loads(Path(args.table).read_text())), end="")
         return
-    folder = prepare_model("screen_reader", **OPTIONS)
+    options = {key: getattr(args, key) for key in OPTIONS}
+    folder = prepare_model("screen_reader", None if options == OPTIONS else Path(tempfile.mkdtemp()) / "reader", **options)
     build = read_build_info(folder)
-    _, held_out = reading_pages(OPTIONS["episodes"], OPTIONS["eval_episodes"])
-    pages = reading_test(load_screen_reader(folder), held_out)
+    _, held_out = reading_pages(options["episodes"], options["eval_episodes"])
+    reader = load_screen_reader(folder)
+    pages = reading_test(reader, held_out)
     summaries = [Summary.of(f"{label}, {screen}", [page[key + suffix] for page in pages], "fraction")
                  for key, label in MEASURES.items()
                  for suffix, screen in (("", "own screen"), ("_swapped", "another page's screen"))]
-    samples = [{"reader": str(folder), "build": build, "pages": pages}]
+    samples = [{"reader": str(folder), "build": build, "pages": pages, "confusions": confusions(reader, held_out)}]
     save_result("screen_reader", f"the screen reader on {len(pages)} held-out WebShop pages: own screen vs another "
                 "page's", summaries, samples)
     print(table({"samples": samples}), end="")

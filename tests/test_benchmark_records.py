@@ -482,6 +482,17 @@ def test_the_screen_reader_table_by_hand():
     assert "| characters (1 - CER) | 0.800 [0.800, 0.800] | 0.200 [0.200, 0.200] |" in text
     assert "**reads** (0.950 / 0.050)" in text
     assert "**does not read** (0.950 / 0.120)" in table(record((0.0, 0.26, 0.1)))
+    confused = record((0.0, 0.1, 0.05))
+    confused["samples"][0]["confusions"] = [["q", "g", 3], ["-", " ", 1]]
+    assert table(confused).endswith("held-out pages): `q` -> `g` 3, `-` -> ` ` 1.\n")
+
+
+def test_the_screen_reader_table_in_the_docs_is_the_saved_file():
+    from screen_reader import table
+
+    saved = table(json.loads((BENCHMARKS / "results" / "screen_reader.json").read_text()))
+    assert saved in (BENCHMARKS.parent / "docs" / "screenshots.md").read_text()
+    assert "**reads** (0.993 / 0.050)" in saved
 
 
 def test_the_screenshot_throughput_page_is_its_saved_runs():
