@@ -41,7 +41,7 @@ def test_defaults_compose_in_order_then_overrides(recipes):
                               "constant_token_mean, progressive, sequence, token, token_mean, trajectory, turn, "
                               "turn_row_mean"),
     (["objective.estimator=k2"], "allowed: full, k1, k1_decoupled, k1_proximal, k3, nll, topk"),
-    (["student.prepare=tinyy"], "recipe key 'student.prepare': 'tinyy' is not allowed; allowed: sft, smollm2-135m, tiny"),
+    (["student.prepare=tinyy"], "recipe key 'student.prepare': 'tinyy' is not allowed; allowed: screen_reader, sft, smollm2-135m, tiny"),
     (["policy.backend=sglang"], "recipe key 'policy.backend': 'sglang' is not allowed; allowed: transformers, vllm"),
     (["pipeline.mode=async"], "recipe key 'pipeline.mode': 'async' is not allowed; allowed: one_step_off, pool, sync"),
     (["depth.ema=1.5"], "recipe key 'depth.ema': 1.5 is out of range [0.0, 1.0]"),
@@ -98,7 +98,7 @@ def test_defaults_compose_in_order_then_overrides(recipes):
     (["trainer.steps"], "overrides must be key=value"),
     # a value, or a list, where a section is expected (and a mapping where a list is): the key is named
     (["student=Qwen/Qwen3-1.7B"], "recipe key 'student': 'Qwen/Qwen3-1.7B' is a value, and 'student' is a section "
-                                  "of keys (path, dtype, prepare, prepare_options, lora); set one of them, e.g. "
+                                  "of keys (path, dtype, prepare, prepare_options, screen_reader, lora); set one of them, e.g. "
                                   "student.path=Qwen/Qwen3-1.7B"),
     (["depth=3"], "recipe key 'depth': 3 is a value, and 'depth' is a section of keys (mode,"),
     (["trainer.budget=3"], "recipe key 'trainer.budget': 3 is a value, and 'trainer.budget' is a section of keys "

@@ -130,6 +130,9 @@ class ModelConfig:
     # run once and cached when `path` does not exist yet; see turnopd.models
     prepare: str | None = field(default=None, metadata=_registered("model preparation"))
     prepare_options: dict[str, Any] = field(default_factory=dict)
+    # a text model that sees an env's screenshots through this glyph reader (turnopd.models.screen_reader,
+    # built there by its preparation when missing): the text it reads stands for each page; None: none
+    screen_reader: str | None = None
 
 
 @dataclass

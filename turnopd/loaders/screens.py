@@ -115,13 +115,15 @@ class FetchCounts:
 class ScreenPixels:
     """`screens(keys)`: the [n, C, H, W] pixel_values of the keys' screenshots, in order, by the
     processor of the VLM in `model_dir` (screen_pixel_values); raises
-    MissingScreenshots for keys not in the store (ask `missing` first)."""
+    MissingScreenshots for keys not in the store (ask `missing` first). `model_dir` None: a student
+    that reads the screens as text (a screen reader's), whose model takes no pixels: the store is
+    still freed between steps, and no prompt holds an image to fetch."""
 
-    def __init__(self, store: PixelStore, model_dir: str | os.PathLike[str]):
+    def __init__(self, store: PixelStore, model_dir: str | os.PathLike[str] | None):
         from transformers import AutoProcessor
 
         self.store = store
-        self.processor = AutoProcessor.from_pretrained(model_dir)
+        self.processor = AutoProcessor.from_pretrained(model_dir) if model_dir is not None else None
         self.counts = FetchCounts()
         # set by an asynchronous pipeline, whose generator plays while steps train: what to keep
         self.held: Callable[[], HeldScreens] | None = None
@@ -160,14 +162,22 @@ class ScreenPixels:
         return pixel_values
 
 
-def attach_screens(spec: Any, model_dir: str | os.PathLike[str], *consumers: Any) -> ScreenPixels | None:
+def attach_screens(spec: Any, model_dir: str | os.PathLike[str], *consumers: Any, reader: Any = None
+                   ) -> ScreenPixels | None:
     """In an env that shows screenshots (envs.base.shows_screenshots): the student's pixel source over
     the env's pixel store, set as `screens` of each consumer (its policy, its trainer); None in an
-    env of text."""
+    env of text. A text student that reads the screens through a screen reader (student.screen_reader,
+    turnopd.models.screen_reader): `reader` set as `screen_reader` of each consumer (its policy, whose
+    renderer shows each page as the text read), and the store's pixel source without a processor
+    returned (the run frees the store through it; the model takes no pixels)."""
     from turnopd.loaders.hf_models import is_vision_language
 
     if not shows_screenshots(spec):
         return None
+    if reader is not None:
+        for consumer in consumers:
+            consumer.screen_reader = reader
+        return ScreenPixels(spec.pixel_store, None)
     if not is_vision_language(model_dir):
         raise ValueError(f"env {spec.name} shows screenshots, but the student {model_dir} has no vision tower; "
                          "use a vision-language model (e.g. `prepare: tiny_vlm`, turnopd.models.vlm)")
@@ -177,11 +187,13 @@ def attach_screens(spec: Any, model_dir: str | os.PathLike[str], *consumers: Any
     return screens
 
 
-def attach_run_screens(spec: Any, student_dir: str | os.PathLike[str], policy: Any, teachers: Any) -> ScreenPixels | None:
+def attach_run_screens(spec: Any, student_dir: str | os.PathLike[str], policy: Any, teachers: Any,
+                       reader: Any = None) -> ScreenPixels | None:
     """In an env that shows screenshots, the pixel sources of whatever plays and scores its episodes:
-    the student's policy (returned: the trainer reads the same) and each teacher that reads
-    screenshots (a VLM teacher, through its own processor); teachers: a mapping of them."""
-    screens = attach_screens(spec, student_dir, policy)
+    the student's policy (returned: the trainer reads the same; its `reader`, when it reads the screens
+    as text: attach_screens) and each teacher that reads screenshots (a VLM teacher, through its own
+    processor); teachers: a mapping of them."""
+    screens = attach_screens(spec, student_dir, policy, reader=reader)
     for teacher in (t for t in teachers.values() if t.reads_screenshots):
         attach_screens(spec, teacher.model_dir, teacher)
     return screens

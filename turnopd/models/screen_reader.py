@@ -28,9 +28,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+import turnopd.models.vlm as vlm
 from turnopd.loaders.screens import model_screen, screen_pixel_values
-from turnopd.models import vlm
-from turnopd.models.base import MODEL_PREPARERS, building
+from turnopd.models.base import MODEL_PREPARERS, building, prepare_model
 
 if TYPE_CHECKING:
     from transformers import SiglipImageProcessorPil, SiglipVisionModel
@@ -132,6 +132,23 @@ def load_screen_reader(folder: str | Path) -> ScreenReader:
     reader = vlm.CellReader(tower.config.hidden_size, weights["linear.weight"].shape[0] // vlm.CELL_CLASSES)
     reader.load_state_dict(weights)
     return ScreenReader(tower, reader, AutoImageProcessor.from_pretrained(folder)).eval()
+
+
+def reader_folder(model: Any) -> Path | None:
+    """The screen reader folder of a recipe's model block (its `screen_reader`), built there by this
+    preparation with its defaults when missing; None when it names none."""
+    if getattr(model, "screen_reader", None) is None:
+        return None
+    folder = Path(model.screen_reader).expanduser()
+    if not folder.exists():
+        prepare_model("screen_reader", folder)
+    return folder
+
+
+def reader_for(model: Any) -> ScreenReader | None:
+    """The screen reader of a recipe's model block, loaded (reader_folder); None when it names none."""
+    folder = reader_folder(model)
+    return None if folder is None else load_screen_reader(folder)
 
 
 def page_reading(reader: ScreenReader, screen: np.ndarray, page: vlm.PageShot) -> dict[str, float]:

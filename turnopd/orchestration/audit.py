@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from envs.base import EnvSpec
 from envs.pool import EnvPool
 from teachers import check_tokenizers, make_teachers, score_trajectories
 from turnopd.algorithm.familiarity import FAMILIARITY_SIGNALS
@@ -43,6 +44,8 @@ from turnopd.config import RecipeError, RunConfig
 from turnopd.core import checkpoint as ckpt
 from turnopd.core.types import Trajectory
 from turnopd.loaders.hf_models import load_model
+from turnopd.loaders.screens import attach_screens
+from turnopd.models.screen_reader import reader_for
 from turnopd.orchestration.evaluation import teacher_policy
 from turnopd.orchestration.pipeline import sample_tasks
 from turnopd.orchestration.pipeline.plan import step_sampling
@@ -56,10 +59,16 @@ from turnopd.rollout.takeover import Takeover
 AUDIT_SALT = 7_777  # the audit's task draw, apart from any run's
 
 
-def student_policy(cfg: RunConfig, default_path: Path, student: str | None) -> tuple[Policy, str]:
+def student_policy(cfg: RunConfig, default_path: Path, student: str | None, spec: EnvSpec) -> tuple[Policy, str]:
     """The student to audit and what it is: the recipe's (default), a model folder, a checkpoint
     folder, or a run folder (its newest checkpoint); a LoRA checkpoint plays as its adapter over the
-    recipe's student."""
+    recipe's student. In an env that shows screenshots it sees them as it does in a run (attach_screens)."""
+    policy, name = _student_policy(cfg, default_path, student)
+    attach_screens(spec, name, policy, reader=reader_for(cfg.student))
+    return policy, name
+
+
+def _student_policy(cfg: RunConfig, default_path: Path, student: str | None) -> tuple[Policy, str]:
     path = Path(student).expanduser() if student else default_path
     if (path / "checkpoints").is_dir():
         checkpoints = ckpt.list_checkpoints(path)
@@ -134,7 +143,7 @@ def run_audit(cfg: RunConfig, *, student: str | None = None, episodes: int = 16,
     clock = time.perf_counter()
     greedy = eval_sampling(cfg.policy, 1, 1.0, cfg.seed)
     with EnvPool.for_config(setup.spec, cfg.env) as pool:
-        policy, student_name = student_policy(cfg, setup.student_path, student)
+        policy, student_name = student_policy(cfg, setup.student_path, student, setup.spec)
         try:
             check_tokenizers(policy.tokenizer, teachers[cfg.env.name].tokenizer, student_name, spec.name)
             split = setup.eval_split if held_out else cfg.env.train_split

@@ -84,7 +84,8 @@ def check_judge(cfg: RunConfig) -> None:
 
 def check_screenshots(cfg: RunConfig) -> None:
     """An env that shows screenshots runs what passes screenshot keys through: the transformers policy
-    (it fetches the images of a generation batch), a teacher that scores from the batch (the
+    (it fetches the images of a generation batch; any backend when the student reads the screens as
+    text through student.screen_reader, which only such an env takes), a teacher that scores from the batch (the
     in-process full estimator would read the student's image tokens, not the teacher's text), no judge
     and no world model (their prompts have no images); a multi-env run none (its pixel store and the
     student's screenshots are one env's). Every pipeline mode: the asynchronous ones free a step's
@@ -93,9 +94,15 @@ def check_screenshots(cfg: RunConfig) -> None:
     if screenshots:
         raise RecipeError(f"recipe key 'envs': env {screenshots[0]!r} shows screenshots; a multi-env run plays "
                           "text envs (its pixel store and the student's screenshots are one env's)")
+    reader = cfg.student.screen_reader
+    check_screen_reader(cfg.student, "student", cfg.env.name)
     if not shows_screenshots(ENVS.get(cfg.env.name)):
         return
-    why = {"policy.backend": (cfg.policy.backend != "transformers", "only the transformers policy takes images"),
+    why = {"policy.backend": (cfg.policy.backend != "transformers" and reader is None,
+                              "only the transformers policy takes images (a student with student.screen_reader "
+                              "reads text, in any backend)"),
+           "objective.tokenizers": (cfg.objective.tokenizers == "cross" and reader is not None,
+                                    "a teacher of another tokenizer with a screen-reading student is not built"),
            "objective.estimator": (ESTIMATORS.get(cfg.objective.estimator).needs_teacher_model,
                                    "the in-process teacher would read the student's image tokens; use k1, k3 or "
                                    "topk (the teacher scores its own text prompt)"),
@@ -105,6 +112,13 @@ def check_screenshots(cfg: RunConfig) -> None:
         if refused:
             raise RecipeError(f"recipe key {key!r}: {OmegaConf.select(OmegaConf.structured(cfg), key)} with env "
                               f"{cfg.env.name!r}, which shows screenshots: {reason}")
+
+
+def check_screen_reader(model: Any, key: str, env: str) -> None:
+    """A model block's screen_reader reads screenshots: its env must show them."""
+    if model.screen_reader is not None and not shows_screenshots(ENVS.get(env)):
+        raise RecipeError(f"recipe key '{key}.screen_reader': {model.screen_reader} with env {env!r}, which shows no "
+                          "screenshots to read; use an env that shows them (webshop_screenshot) or null")
 
 
 def check_prompt_tools(cfg: RunConfig) -> None:

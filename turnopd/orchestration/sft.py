@@ -77,8 +77,9 @@ from turnopd.loaders.hf_models import (
 )
 from turnopd.loaders.screens import attach_screens
 from turnopd.models import MODEL_PREPARERS, building, prepare_model
+from turnopd.models.screen_reader import reader_for
 from turnopd.orchestration.preflight import train_and_eval_tasks
-from turnopd.orchestration.recipe import check_env, validate_recipe
+from turnopd.orchestration.recipe import check_env, check_screen_reader, validate_recipe
 from turnopd.rollout import SamplingParams, make_policy
 from turnopd.rollout.agent_loop import rollout
 from turnopd.rollout.eval import EvalResult, evaluate
@@ -142,6 +143,7 @@ class SFTConfig:
 
 def _check_sft(cfg: SFTConfig) -> None:
     cfg.prompt.check_keys(cfg.policy.max_new_tokens)
+    check_screen_reader(cfg.model, "model", cfg.env.name)
     if cfg.eval.max_tasks is not None and cfg.eval.max_tasks < 1:
         raise RecipeError(f"recipe key 'eval.max_tasks': {cfg.eval.max_tasks}; need >= 1 or null (all tasks)")
 
@@ -167,14 +169,15 @@ class SFTExample:
 
 
 def demo_examples(demos: list[Demonstration], spec: EnvSpec, env_config: EnvConfig, tokenizer: Any,
-                  image_tokens: int = 0, prompt: PromptConfig | None = None) -> list[SFTExample]:
+                  image_tokens: int = 0, prompt: PromptConfig | None = None, screen_reader: Any = None
+                  ) -> list[SFTExample]:
     """Every imitated turn of the won demonstrations (not an exploring expert's mistakes) and of the
     relabelled episodes (won or not: the expert's label is the answer), rendered by the rollout
     engine's renderer (turnopd.rollout.render.renderer_for, under the recipe's `prompt` section: in a
     chat, turn t's prompt holds the episode's earlier turns as played; in an env that shows
     screenshots, its pages drawn again into the pixel store and shown to a student of `image_tokens`
-    positions an image)."""
-    renderer = renderer_for(spec, tokenizer, image_tokens=image_tokens, prompt=prompt)
+    positions an image, or as the text its `screen_reader` reads)."""
+    renderer = renderer_for(spec, tokenizer, image_tokens=image_tokens, screen_reader=screen_reader, prompt=prompt)
     examples = []
     for demo in (d for d in demos if d.won or d.relabelled):
         page_keys = [spec.put_screenshot(step.observation, step.admissible) for step in demo.steps] \
@@ -304,7 +307,7 @@ def run_sft(cfg: SFTConfig, recipe: str | None = None, final_dir: Path | None = 
     torch.manual_seed(cfg.seed)
     trainer = Trainer(model, cfg.trainer, ObjectiveConfig(estimator="nll"), LossConfig(mode="token_mean"),
                       total_steps=cfg.trainer.steps)
-    trainer.images = attach_screens(spec, model_dir)  # a vision-language student trains on the pixels
+    trainer.images = attach_screens(spec, model_dir, reader=reader_for(cfg.model))  # a VLM's pixels (a reader's: none)
     losses = train_examples(trainer, examples, cfg, checkpoints=checkpoints.with_tokenizer(tokenizer))
 
     output = Path(cfg.output_dir).expanduser()
@@ -361,7 +364,8 @@ def training_examples(cfg: SFTConfig, spec: EnvSpec, demos: list[Demonstration],
     """The expert's turns (shown as the model reads them: screenshots for a vision-language model in an
     env that shows them), and the relabelled student states when the recipe asks for them (with
     their figures); every turn must fit the model's positions."""
-    examples = demo_examples(demos, spec, cfg.env, tokenizer, image_tokens_of(model_config), cfg.prompt)
+    examples = demo_examples(demos, spec, cfg.env, tokenizer, image_tokens_of(model_config), cfg.prompt,
+                             reader_for(cfg.model))
     max_positions = model_positions(model_config)
     if not examples:
         raise RuntimeError(f"the expert won none of its {len(demos)} episodes: nothing to train on")
@@ -386,7 +390,7 @@ def evaluate_sft_model(cfg: SFTConfig, spec: EnvSpec, output: Path, dtype: str, 
     """The fine-tuned model's greedy Avg@1 on the held-out tasks (episodes the env ended count as lost),
     with a progress line (rate and ETA). `cfg`: any recipe with env, policy, prompt and seed."""
     policy = make_policy(cfg.policy, str(output), dtype=dtype, seed=cfg.seed)
-    attach_screens(spec, output, policy)
+    attach_screens(spec, output, policy, reader=reader_for(cfg.model))
     try:
         with EnvPool.for_config(spec, cfg.env) as pool, \
                 EpisodeProgress(f"held-out eval {output.name}", len(eval_tasks)) as progress:

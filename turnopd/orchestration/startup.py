@@ -30,6 +30,7 @@ from turnopd.core.pixels import PixelStore, default_pixel_root
 from turnopd.loaders.hf_models import load_student
 from turnopd.loaders.screens import ScreenPixels, attach_run_screens
 from turnopd.models import prepare_model
+from turnopd.models.screen_reader import reader_folder, reader_for
 from turnopd.orchestration.outcomes import Outcomes
 from turnopd.orchestration.pipeline import make_depth
 from turnopd.orchestration.preflight import Setup, check_setup, run_dir_for
@@ -72,20 +73,21 @@ class DistillRun:
 
 
 def build_missing_models(cfg: RunConfig, setup: Setup) -> None:
-    """On rank 0, before any rank loads them: teachers trained by their sft_recipe and the student
-    built by its preparation, where their folders do not exist yet."""
+    """On rank 0, before any rank loads them: teachers trained by their sft_recipe, the student built
+    by its preparation and its screen reader, where their folders do not exist yet."""
     if rank_and_world()[0] == 0:
         for spec in setup.teacher_specs.values():
             build_missing_teacher(spec)
         if cfg.student.prepare is not None and not setup.student_path.exists():
             prepare_model(cfg.student.prepare, setup.student_path, **cfg.student.prepare_options)
+        reader_folder(cfg.student)
     barrier()
 
 
 def save_checkpoint(run: DistillRun, step: int) -> None:
     """The trainer's state and the loop's (clocks, depth controller) after `step` optimizer steps."""
     # a vision-language student's processor saves its tokenizer and image settings: a complete model folder
-    ckpt.save_checkpoint(run.run_dir, step, run.trainer, run.screens.processor if run.screens else run.tokenizer, {
+    ckpt.save_checkpoint(run.run_dir, step, run.trainer, (run.screens and run.screens.processor) or run.tokenizer, {
         "train_time_s": run.ledger.train_time(), "wall_time_s": run.ledger.wall_time(),
         "depth": run.depth.state_dict(), "spent": dataclasses.asdict(run.spent),
         "outcomes": run.outcomes.state_dict()}, run.cfg.checkpoint.keep_last)
@@ -175,7 +177,7 @@ def open_run(cfg: RunConfig, resume: str | None = None) -> DistillRun:
     seed_everything(cfg.seed)  # after the builds, which draw random numbers of their own
     trainer, tokenizer, policy, teachers = load_models(cfg, setup)
     run_pixel_store(cfg, setup.spec, run_dir)
-    screens = attach_run_screens(setup.spec, setup.student_path, policy, teachers)
+    screens = attach_run_screens(setup.spec, setup.student_path, policy, teachers, reader_for(cfg.student))
     trainer.images = screens  # a student that reads screenshots trains on their pixels
     depth = make_depth(cfg)
     outcomes = Outcomes(cfg)

@@ -45,7 +45,7 @@ def run_teacher_lead(cfg: RunConfig, *, student: str | None = None, min_points: 
         "code": code_build(), "envs": {}}
     with ExitStack() as stack:  # each env's pool serves both players: its workers start once
         pools = {env: stack.enter_context(EnvPool.for_config(part.spec, view.env)) for env, (view, part) in parts.items()}
-        policy, student_name = student_policy(cfg, setup.student_path, student)
+        policy, student_name = student_policy(cfg, setup.student_path, student, setup.spec)
         try:
             students = {env: run_eval(view, part, pools[env], policy, step=0) for env, (view, part) in parts.items()}
         finally:

@@ -90,7 +90,8 @@ def policy_renderer(spec: EnvSpec, policy: Policy, prompt: PromptConfig | None, 
     `teacher_tokenizer` (objective.tokenizers=cross) each turn also carries the teacher's own reading
     of it (turnopd.rollout.render.TeacherTokens)."""
     context = min(policy.max_model_len, prompt.max_context or policy.max_model_len) if prompt else policy.max_model_len
-    return renderer_for(spec, policy.tokenizer, image_tokens=policy.image_tokens, prompt=prompt,
+    return renderer_for(spec, policy.tokenizer, image_tokens=policy.image_tokens, screen_reader=policy.screen_reader,
+                        prompt=prompt,
                         max_prompt=context - sampling.max_new_tokens, teacher_tokenizer=teacher_tokenizer)
 
 

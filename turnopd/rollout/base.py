@@ -68,6 +68,9 @@ class Policy(Protocol):
     before_batch: Callable[[], None] | None
     # the positions a screenshot takes in a prompt (a vision-language student); 0: a text policy
     image_tokens: int = 0
+    # a text student's screen reader (turnopd.loaders.screens.attach_screens): it sees each page of an
+    # env that shows screenshots as the text read off it; None: it reads the env's text (a teacher)
+    screen_reader: Any = None
 
     # image_keys: the pixel-store keys of the screenshots in the prompt's image positions (a VLM student)
     async def generate(self, prompt: list[int], sampling: SamplingParams, image_keys: Sequence[str] = ()) -> Generation: ...

@@ -6,7 +6,8 @@ observations) into the token ids the policy reads.
 the policy tokenizer's chat template, rendered afresh each turn (verl-agent style).
 `ScreenshotView` (an env that shows screenshots, envs.base.shows_screenshots, and a vision-language
 policy): the same template with an image in place of each page the window shows, and the pages'
-text for a text teacher.
+text for a text teacher. `ReadScreenView` (such an env and a text student with a screen reader): the
+same with the text the reader reads off each page's screenshot in its place.
 `ChatView` (prompt.style=chat): the episode as one conversation that only grows (token in, token out:
 the ids the policy sampled stay in every later prompt), turnopd.rollout.chat and docs/chat.md.
 `TeacherTokens` (objective.tokenizers=cross) wraps any of them for a teacher of another tokenizer:
@@ -151,6 +152,45 @@ class ScreenshotView(EnvAnswers):
         return RenderedPrompt(expand_placeholders(ids, placeholder, self.image_tokens), keys, text)
 
 
+class ScreenReading(Protocol):
+    """Reads screenshots into text (turnopd.models.screen_reader.ScreenReader)."""
+
+    def read(self, screens: Sequence[Any]) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class ReadScreenView(EnvAnswers):
+    """A text policy's view of an env that shows screenshots through a screen reader (student.screen_reader,
+    docs/screenshots.md): the env's template with each page the window shows (envs.base.screenshot_view)
+    replaced by the text the reader reads off its screenshot (fetched from the env's pixel store), older
+    pages hidden as for a VLM; the pages' own text is the prompt a text teacher reads instead. The env's
+    text never reaches the policy: a misread character stays in its prompt. Pages are read once
+    (cached by key: a page stays in the window for several turns)."""
+
+    spec: EnvSpec
+    tokenizer: Any
+    reader: ScreenReading
+    read_pages: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def render(self, ctx: PromptContext, infos: Sequence[Mapping[str, Any]], turns: Sequence[Turn],
+               prior: Sequence[PriorStep] = ()) -> RenderedPrompt:
+        text = chat_prompt_ids(self.tokenizer, self.spec.render_prompt(ctx))
+        view, keys = screenshot_view(ctx, [info.get("screenshot", "") for info in infos], self.spec.screenshot_window)
+        pages = iter(self.read(keys))  # the window's history pages in order, then the current page
+        history = [(next(pages) if page == IMAGE_PLACEHOLDER else page, action) for page, action in view.history]
+        view = replace(view, observation=next(pages), history=history)
+        return RenderedPrompt(chat_prompt_ids(self.tokenizer, self.spec.render_prompt(view)), teacher_ids=text)
+
+    def read(self, keys: Sequence[str]) -> list[str]:
+        new = [key for key in dict.fromkeys(keys) if key not in self.read_pages]
+        if new:
+            if len(self.read_pages) > 4096:  # a run reads thousands of pages; an episode needs its window's
+                self.read_pages.clear()
+            screens = self.spec.pixel_store.get(new)
+            self.read_pages.update(zip(new, self.reader.read([screens[key] for key in new]), strict=True))
+        return [self.read_pages[key] for key in keys]
+
+
 class ChatView(EnvAnswers):
     """prompt.style=chat: one conversation per episode. The first turn is the template's rendering of
     the system prompt (prompt.system, else the env's `system_prompt`, else none) and the env's prompt
@@ -274,16 +314,21 @@ def observation_message(ctx: PromptContext) -> str:
     return ctx.observation + "\nAdmissible actions: " + ", ".join(f"'{a}'" for a in ctx.admissible if a != "help")
 
 
-def renderer_for(spec: EnvSpec, tokenizer: Any, *, image_tokens: int = 0, prompt: PromptConfig | None = None,
+def renderer_for(spec: EnvSpec, tokenizer: Any, *, image_tokens: int = 0, screen_reader: ScreenReading | None = None,
+                 prompt: PromptConfig | None = None,
                  max_prompt: int | None = None, teacher_tokenizer: Any = None) -> Renderer:
     """The policy's view of `spec`'s turns: a chat for prompt.style=chat; else screenshots for a
-    vision-language policy (`image_tokens` positions an image) in an env that shows them, else text
-    (a policy that reads no images, e.g. the text teacher played as a policy in its evaluation, reads
-    the pages' text). `max_prompt`: the most tokens a chat prompt may hold (None: no bound).
+    vision-language policy (`image_tokens` positions an image) in an env that shows them, the text a
+    `screen_reader` reads off them for a text student that has one, else text (a policy that reads no
+    images, e.g. the text teacher played as a policy in its evaluation, reads the pages' text). `max_prompt`: the most tokens a chat prompt may hold (None: no bound).
     `teacher_tokenizer`: a teacher of another tokenizer's (objective.tokenizers=cross), whose own
     view of every turn the returned `TeacherTokens` adds (the teacher's context is its max_length,
     checked as it scores)."""
     prompt = prompt or PromptConfig()
+    if screen_reader is not None and (not shows_screenshots(spec) or image_tokens or teacher_tokenizer is not None):
+        raise RecipeError(f"recipe key 'student.screen_reader': a text student in env {spec.name} that shows "
+                          "screenshots reads them; not with an env of text, a vision-language student or "
+                          "objective.tokenizers=cross")
     if teacher_tokenizer is not None:
         if shows_screenshots(spec) and image_tokens:
             raise RecipeError(f"recipe key 'objective.tokenizers': cross with env {spec.name}, which shows "
@@ -297,4 +342,6 @@ def renderer_for(spec: EnvSpec, tokenizer: Any, *, image_tokens: int = 0, prompt
         return ChatView(spec, tokenizer, prompt, max_prompt if max_prompt is not None else sys.maxsize)
     if shows_screenshots(spec) and image_tokens:
         return ScreenshotView(spec, tokenizer, image_tokens)
+    if screen_reader is not None:
+        return ReadScreenView(spec, tokenizer, screen_reader)
     return TextView(spec, tokenizer)

@@ -55,6 +55,7 @@ from turnopd.core.ledger import Ledger
 from turnopd.core.types import Trajectory
 from turnopd.loaders.hf_models import load_student
 from turnopd.loaders.screens import HeldScreens, attach_run_screens
+from turnopd.models.screen_reader import reader_for
 from turnopd.orchestration.pipeline.base import PIPELINE_MODES, PipelineMode, PipelineStats
 from turnopd.orchestration.pipeline.mixture import EnvPools, MixturePlan, env_parts, env_plans, open_pools
 from turnopd.orchestration.pipeline.plan import (
@@ -155,7 +156,8 @@ def _generator_main(cfg: RunConfig, setup: Setup, weights: SharedWeights, reques
                     student, tokenizer = load_student(setup.student_path, weights.dtype, cfg.student.lora)
                     policy = make_policy(cfg.policy, student, tokenizer=tokenizer, dtype=weights.dtype, seed=cfg.seed)
                 policy.weight_version = -1  # the folder's weights, not yet the trainer's
-                attach_run_screens(setup.spec, setup.student_path, policy, teachers)  # an env of screenshots
+                attach_run_screens(setup.spec, setup.student_path, policy, teachers,  # an env of screenshots
+                                   reader_for(cfg.student))
                 pools = stack.enter_context(open_pools(cfg, setup))  # one per env of the run
             asyncio.run(_serve(cfg, setup, weights, requests, results, stop, trainer, ledger, policy, pools,
                                teachers))
