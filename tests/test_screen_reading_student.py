@@ -17,6 +17,7 @@ from envs import make_env_spec
 from envs.base import PromptContext
 from envs.pool import EnvPool
 from tests.conftest import child_env
+from tests.test_screenshots import RECIPE as SCREENSHOT_RECIPE
 from turnopd.config import EnvConfig, PolicyConfig, RecipeError
 from turnopd.core.pixels import default_pixel_root
 from turnopd.loaders.screens import attach_screens
@@ -130,29 +131,17 @@ def test_a_rollout_shows_the_student_what_the_reader_reads(models, tmp_path):
 
 @pytest.mark.slow
 def test_distill_a_student_that_reads_the_screens(models):
-    """`turnopd distill` 2 steps with student.screen_reader: the run ends, its prompts hold no image,
+    """`turnopd distill` 3 steps with student.screen_reader: the run ends, its prompts hold no image,
     and the store is freed after every step."""
-    recipe = models / "recipe.yaml"
-    recipe.write_text(f"""
-name: reads
-output_dir: {models}/runs
-student: {{path: {models}/student, screen_reader: {models}/reader}}
-teachers: {{webshop_screenshot: {models}/teacher.yaml}}
-env: {{name: webshop_screenshot, max_turns: 2, answer_format: action, history_length: 1, num_workers: 1,
-       max_tasks: 4, eval_split: test}}
-policy: {{max_new_tokens: 8}}
-objective: {{estimator: k1}}
-depth: {{warmup_steps: 1, probe_every: 2, num_probes: 2, min_successes: 1}}
-trainer: {{steps: 2, episodes_per_step: 2, lr: 1.0e-3}}
-eval: {{max_tasks: 1}}
-tracking: []
-""")
+    recipe = models / "recipe.yaml"  # the VLM student's end-to-end recipe, with this text student and its reader
+    recipe.write_text(SCREENSHOT_RECIPE.format(root=models).replace("name: shots", "name: reads").replace(
+        f"student: {{path: {models}/student}}", f"student: {{path: {models}/student, screen_reader: {models}/reader}}"))
     done = subprocess.run([sys.executable, "-m", "turnopd.cli", "distill", str(recipe)], env=child_env(),
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     records = [json.loads(line) for line in (models / "runs" / "reads" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r.get("kind") == "train"]
-    assert [r["step"] for r in steps] == [1, 2]
+    assert [r["step"] for r in steps] == [1, 2, 3]
     assert all(r["screenshots"]["keys"] == 0 and r["screenshots"]["fetched_images"] == 0 for r in steps)
     assert all(r["screenshots"]["store_bytes"] > 0 for r in steps)  # the pages it read, until freed
     base = default_pixel_root("x").parent
