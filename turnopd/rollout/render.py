@@ -184,7 +184,7 @@ class ReadScreenView(EnvAnswers):
     def read(self, keys: Sequence[str]) -> list[str]:
         new = [key for key in dict.fromkeys(keys) if key not in self.read_pages]
         if new:
-            if len(self.read_pages) > 4096:  # a run reads thousands of pages; an episode needs its window's
+            if len(self.read_pages) > 4096:  # an SFT build's renderer reads thousands; a turn needs its window's
                 self.read_pages.clear()
             screens = self.spec.pixel_store.get(new)
             self.read_pages.update(zip(new, self.reader.read([screens[key] for key in new]), strict=True))
@@ -315,12 +315,13 @@ def observation_message(ctx: PromptContext) -> str:
 
 
 def renderer_for(spec: EnvSpec, tokenizer: Any, *, image_tokens: int = 0, screen_reader: ScreenReading | None = None,
-                 prompt: PromptConfig | None = None,
-                 max_prompt: int | None = None, teacher_tokenizer: Any = None) -> Renderer:
+                 prompt: PromptConfig | None = None, max_prompt: int | None = None,
+                 teacher_tokenizer: Any = None) -> Renderer:
     """The policy's view of `spec`'s turns: a chat for prompt.style=chat; else screenshots for a
     vision-language policy (`image_tokens` positions an image) in an env that shows them, the text a
     `screen_reader` reads off them for a text student that has one, else text (a policy that reads no
-    images, e.g. the text teacher played as a policy in its evaluation, reads the pages' text). `max_prompt`: the most tokens a chat prompt may hold (None: no bound).
+    images, e.g. the text teacher played as a policy in its evaluation, reads the pages' text).
+    `max_prompt`: the most tokens a chat prompt may hold (None: no bound).
     `teacher_tokenizer`: a teacher of another tokenizer's (objective.tokenizers=cross), whose own
     view of every turn the returned `TeacherTokens` adds (the teacher's context is its max_length,
     checked as it scores)."""
