@@ -2,8 +2,8 @@
 
 import pytest
 
-from turnopd.core.types import Trajectory
-from turnopd.rollout.eval import EvalResult, avg_at_k
+from turnopd.core.types import EpisodeSummary, Trajectory, Turn
+from turnopd.rollout.eval import EvalResult, avg_at_k, invalid_action_rate
 
 
 def _episode(task: str, success: bool, env_error: str = "") -> Trajectory:
@@ -36,3 +36,24 @@ def test_the_record_counts_env_failures_and_reads_back():
     # records written before env errors were kept read back with none
     older = {k: v for k, v in record.items() if k not in ("env_failures", "env_errors")}
     assert EvalResult.from_record(older).env_failures == 0
+
+
+def test_the_invalid_action_rate_pools_the_turns_of_all_episodes():
+    def played(*invalid: bool) -> Trajectory:
+        return Trajectory("t", "e", turns=[Turn(i, "", [], [], [], invalid=bad) for i, bad in enumerate(invalid)])
+
+    # 1 of 4 turns and 2 of 2: 3 of 6 turns pooled = 0.5 (the mean of the episodes' rates would be 0.625)
+    episodes = [played(False, True, False, False), played(True, True)]
+    assert invalid_action_rate(episodes) == pytest.approx(0.5)
+    assert invalid_action_rate([EpisodeSummary.of(e) for e in episodes]) == pytest.approx(0.5)  # as ranks gather them
+    assert invalid_action_rate([]) == 0.0
+    # a mixed evaluation weighs each env's rate by its turns: 0.5 over 2 x 10 turns, 0.0 over 1 x 4 -> 10 / 24
+    alfworld = EvalResult("valid_unseen", 1, 0.5, {}, 2, 10.0, invalid_action_rate=0.5)
+    search = EvalResult("test", 1, 0.0, {}, 1, 4.0, invalid_action_rate=0.0)
+    mixed = EvalResult.mixed({"alfworld": alfworld, "search": search})
+    assert mixed.invalid_action_rate == pytest.approx(10 / 24)
+    assert EvalResult.from_record(mixed.record()).invalid_action_rate == pytest.approx(10 / 24)
+    # a record from before the rate was kept reads back without one, and so does a mixture holding it
+    older = {k: v for k, v in search.record().items() if k != "invalid_action_rate"}
+    assert EvalResult.from_record(older).invalid_action_rate is None
+    assert EvalResult.mixed({"alfworld": alfworld, "search": EvalResult.from_record(older)}).invalid_action_rate is None

@@ -7,7 +7,8 @@ Record kinds (field "kind"):
   source (a fingerprint of its files, turnopd.core.source.code_fingerprint)}.
 - "train": one optimizer step: the fields of StepRecord (below).
 - "eval": step (optimizer steps done when evaluated), train_time_s (training clock then), split,
-  k, avg_at_k (0..1), per_type {task type: avg}, num_tasks, mean_turns, eval_time_s.
+  k, avg_at_k (0..1), per_type {task type: avg}, num_tasks, mean_turns, invalid_action_rate (invalid actions
+  over the turns played; absent before 2026-12-07), eval_time_s.
   per_task {task id: successes / k} (for intervals paired over tasks).
 - "final_eval": the same fields, for the sampled Avg@eval.final_k of the final student.
 - "teacher_eval": the same fields for the teacher on the same tasks (the ceiling), at step 0.

@@ -22,7 +22,7 @@ from turnopd.orchestration.pipeline import env_parts
 from turnopd.orchestration.preflight import Setup
 from turnopd.orchestration.run_log import RunLog
 from turnopd.rollout import Policy, make_policy
-from turnopd.rollout.eval import EvalResult, avg_at_k, evaluate
+from turnopd.rollout.eval import EvalResult, avg_at_k, evaluate, invalid_action_rate
 
 EVAL_CACHE = Path.home() / ".cache" / "turnopd" / "evals"
 
@@ -41,7 +41,8 @@ def run_eval(cfg: RunConfig, setup: Setup, pool: EnvPool, policy: Policy, step: 
     episodes = [e for part in gather_objects([EpisodeSummary.of(t) for t in local]) for e in part]
     overall, per_type, per_task = avg_at_k(episodes, k)
     return EvalResult(setup.eval_split, k, overall, per_type, len(setup.eval_tasks),
-                      sum(e.depth for e in episodes) / len(episodes), env_errors(episodes), per_task)
+                      sum(e.depth for e in episodes) / len(episodes), env_errors(episodes), per_task,
+                      invalid_action_rate=invalid_action_rate(episodes))
 
 
 def over_envs(cfg: RunConfig, setup: Setup, evaluation: Callable[[RunConfig, Setup, str], EvalResult]

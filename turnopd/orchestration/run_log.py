@@ -79,8 +79,9 @@ class RunLog:
             return
         who = "teacher" if kind == "teacher_eval" else f"student at step {step}"
         envs = "".join(f"; {env} {100 * r.avg_at_k:.1f}% on {r.num_tasks}" for env, r in result.per_env.items())
+        invalid = "" if result.invalid_action_rate is None else f", {100 * result.invalid_action_rate:.1f}% invalid actions"
         print(f"{who}: Avg@{result.k} {100 * result.avg_at_k:.1f}% on {result.num_tasks} {result.split} tasks "
-              f"(mean {result.mean_turns:.1f} turns{envs})", flush=True)
+              f"(mean {result.mean_turns:.1f} turns{invalid}{envs})", flush=True)
         if result.env_failures:
             print(f"WARNING: {who} eval: {result.describe_env_failures()}; they count as lost", flush=True)
         record = {"kind": kind, "step": step, "train_time_s": train_time_s, "eval_time_s": eval_time_s,

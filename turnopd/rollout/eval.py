@@ -7,12 +7,12 @@ type. Evaluation never applies the rollout-depth cap.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from envs.base import EnvSpec
 from turnopd.config import EnvConfig, PolicyConfig, PromptConfig
-from turnopd.core.types import Trajectory, describe_env_errors, env_errors
+from turnopd.core.types import EpisodeSummary, Trajectory, describe_env_errors, env_errors
 from turnopd.rollout.agent_loop import rollout
 from turnopd.rollout.base import Policy, SamplingParams
 
@@ -29,6 +29,8 @@ class EvalResult:
     per_task: dict[str, float] = field(default_factory=dict)  # task id -> its successes / k (for paired intervals)
     trajectories: list[Trajectory] = field(default_factory=list, repr=False)
     per_env: dict[str, EvalResult] = field(default_factory=dict)  # a multi-env run's: each env's (see mixed)
+    # invalid actions over the turns played; None in a record written before it was kept
+    invalid_action_rate: float | None = None
 
     @property
     def env_failures(self) -> int:
@@ -41,7 +43,8 @@ class EvalResult:
     def record(self) -> dict:
         record = {"split": self.split, "k": self.k, "avg_at_k": self.avg_at_k, "per_type": self.per_type,
                   "num_tasks": self.num_tasks, "mean_turns": self.mean_turns, "env_failures": self.env_failures,
-                  "env_errors": self.env_errors, "per_task": self.per_task}
+                  "env_errors": self.env_errors, "per_task": self.per_task,
+                  "invalid_action_rate": self.invalid_action_rate}
         if self.per_env:  # each env's tasks are in per_task already, as env/task
             record["per_env"] = {env: {k: v for k, v in result.record().items() if k != "per_task"}
                                  for env, result in self.per_env.items()}
@@ -58,6 +61,7 @@ class EvalResult:
         same, however many held-out tasks it has, as each is one task family of the generalist), per
         type and per task keyed env/name, mean turns over all episodes, the env errors summed."""
         results = list(per_env.values())
+        rates = [r.invalid_action_rate for r in results]  # over all turns: each env's weighs by its turns
         tasks = sum(r.num_tasks for r in results)
         errors: dict[str, int] = defaultdict(int)
         for result in results:
@@ -67,7 +71,10 @@ class EvalResult:
                    sum(r.avg_at_k for r in results) / len(results),
                    {f"{env}/{t}": v for env, r in per_env.items() for t, v in r.per_type.items()}, tasks,
                    sum(r.mean_turns * r.num_tasks for r in results) / tasks, dict(errors),
-                   {f"{env}/{t}": v for env, r in per_env.items() for t, v in r.per_task.items()}, per_env=per_env)
+                   {f"{env}/{t}": v for env, r in per_env.items() for t, v in r.per_task.items()}, per_env=per_env,
+                   invalid_action_rate=None if None in rates else sum(
+                       rate * r.mean_turns * r.num_tasks * r.k for rate, r in zip(rates, results, strict=True))
+                   / sum(r.mean_turns * r.num_tasks * r.k for r in results))
 
 
 def avg_at_k(trajectories: list[Trajectory], k: int) -> tuple[float, dict[str, float], dict[str, float]]:
@@ -84,6 +91,11 @@ def avg_at_k(trajectories: list[Trajectory], k: int) -> tuple[float, dict[str, f
         per_type[trajs[0].task_type].append(task_score[task])
     overall = sum(task_score.values()) / len(task_score) if task_score else 0.0
     return overall, {tt: sum(v) / len(v) for tt, v in sorted(per_type.items())}, task_score
+
+
+def invalid_action_rate(episodes: Sequence[Trajectory | EpisodeSummary]) -> float:
+    """Invalid actions over the turns played, all episodes pooled (a long episode weighs by its turns)."""
+    return sum(e.invalid_actions for e in episodes) / max(1, sum(e.depth for e in episodes))
 
 
 def eval_sampling(policy_config: PolicyConfig, k: int, temperature: float, seed: int) -> SamplingParams:
@@ -112,4 +124,4 @@ def evaluate(spec: EnvSpec, pool, policy: Policy, tasks: list[str], *, split: st
     overall, per_type, per_task = avg_at_k(trajectories, k)
     mean_turns = sum(t.depth for t in trajectories) / len(trajectories)
     return EvalResult(split, k, overall, per_type, len(tasks), mean_turns, env_errors(trajectories), per_task,
-                      trajectories)
+                      trajectories, invalid_action_rate=invalid_action_rate(trajectories))
