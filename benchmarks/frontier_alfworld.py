@@ -55,6 +55,7 @@ the docs/results pages report are copied (metrics and configs) into benchmarks/r
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import shutil
 import statistics
@@ -70,12 +71,14 @@ from turnopd.analysis.frontier import (
     BOOTSTRAP,
     Interval,
     compare,
+    detectable_effect,
     load_run,
     mixed_builds,
     non_inferiority,
     percentile_interval,
     t_interval,
 )
+from turnopd.commands.frontier import detectable_cell
 from turnopd.orchestration.sweep import run_state
 
 WORLD_MODEL = "runs/world_models/alfworld"  # recipes/alfworld/world_model.yaml's output_dir, which
@@ -287,6 +290,32 @@ def by_task(runs: list, base: list) -> Interval:
 def game_differences(pairs: list[tuple[dict[str, float], dict[str, float]]]) -> list[float]:
     """Per game (by name), the first score minus the second averaged over the pairs (one a seed)."""
     return [statistics.fmean(ours[task] - theirs[task] for ours, theirs in pairs) for task in sorted(pairs[0][1])]
+
+
+CHANGE_HEADER = ["| arm | seeds | after - before, per task averaged over the seeds [t 95% over tasks] | "
+                 "detectable (80% power) | called |", "| --- | ---: | --- | ---: | --- |"]
+
+
+def change_row(arm: str, runs: list) -> str:
+    """An arm's primary row: its runs' held-out score after minus before (their first evaluation), per
+    task averaged over the seeds, with its t interval over the tasks and the smallest detectable effect."""
+    differences = game_differences([(run.final.per_task, run.evals[0].per_task) for run in runs])
+    change = t_interval(differences)
+    called = ("improves" if change.lo > 0 else "worsens" if change.hi < 0
+              else "unchanged in every task" if change.lo == change.hi == 0 else "no difference at this power")
+    return (f"| {arm} | {len(runs)} | {points(change)} points | {detectable_cell(detectable_effect(differences))} | "
+            f"{called} |")
+
+
+def step_median(run, value) -> float:
+    """The median over a run's train records of value(record)."""
+    return statistics.median(value(r) for r in run.train)
+
+
+def eval_records(run) -> tuple[dict, dict]:
+    """A run's held-out evaluation records (metrics.jsonl), before (step 0) and after (the last)."""
+    evals = [r for r in map(json.loads, (run.path / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
+    return evals[0], evals[-1]
 
 
 def main() -> int:

@@ -26,11 +26,17 @@ import statistics
 import sys
 from pathlib import Path
 
-from frontier_alfworld import by_task, complete_runs, game_differences, gated_page_main, points
+from frontier_alfworld import (
+    CHANGE_HEADER,
+    by_task,
+    change_row,
+    complete_runs,
+    eval_records,
+    gated_page_main,
+    points,
+    step_median,
+)
 from record import gate_line
-
-from turnopd.analysis.frontier import detectable_effect, t_interval
-from turnopd.commands.frontier import detectable_cell
 
 RESULTS = Path(__file__).parent / "results" / "smollm2_chat"
 ARMS = {"chat": "smollm2_chat", "history_block": "smollm2_history"}  # the arm: its sweep's --name
@@ -42,45 +48,27 @@ def arm_runs(runs: list) -> dict[str, list]:
             for arm, sweep in ARMS.items()}
 
 
-def eval_turns(run) -> tuple[float, float]:
-    """The held-out evaluations' mean turns, before (step 0) and after (the last)."""
-    evals = [r for r in map(json.loads, (run.path / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
-    return evals[0]["mean_turns"], evals[-1]["mean_turns"]
-
-
-def median(run, value) -> float:
-    return statistics.median(value(r) for r in run.train)
-
-
 def per_run_table(arms: dict[str, list]) -> list[str]:
     lines = ["| arm | seed | held-out Avg@1 before -> after | held-out mean turns | invalid actions (training) | "
              "s per step | rollout / teacher / update s | teacher tokens per env step | peak host memory (MiB) |",
              "| --- | ---: | --- | --- | ---: | ---: | --- | ---: | ---: |"]
     for arm, runs in arms.items():
         for run in runs:
-            before, after = eval_turns(run)
-            rollout = median(run, lambda r: r.phases.get("rollout", 0.0) + r.phases.get("probe", 0.0))
-            teacher = median(run, lambda r: r.train_parts.get("teacher", 0.0))
-            update = median(run, lambda r: r.train_parts.get("forward_backward", 0.0) + r.train_parts.get("optimizer", 0.0))
+            before, after = (r["mean_turns"] for r in eval_records(run))
+            rollout = step_median(run, lambda r: r.phases.get("rollout", 0.0) + r.phases.get("probe", 0.0))
+            teacher = step_median(run, lambda r: r.train_parts.get("teacher", 0.0))
+            update = step_median(run, lambda r: r.train_parts.get("forward_backward", 0.0) + r.train_parts.get("optimizer", 0.0))
             lines.append(
                 f"| {arm} | {run.seed} | {100 * run.evals[0].avg_at_k:.0f}% -> {100 * run.final.avg_at_k:.0f}% | "
                 f"{before:.1f} -> {after:.1f} | {100 * statistics.fmean(r.invalid_action_rate for r in run.train):.1f}% | "
-                f"{median(run, lambda r: r.step_time_s):.0f} | {rollout:.0f} / {teacher:.0f} / {update:.0f} | "
+                f"{step_median(run, lambda r: r.step_time_s):.0f} | {rollout:.0f} / {teacher:.0f} / {update:.0f} | "
                 f"{sum(r.tokens_scored for r in run.train) / max(1, sum(r.env_steps for r in run.train)):.0f} | "
                 f"{run.train[-1].peak_memory_mib.get('host', float('nan')):.0f} |")
     return lines
 
 
 def primary_lines(arms: dict[str, list]) -> list[str]:
-    lines = ["| arm | seeds | after - before, per game averaged over the seeds [t 95% over games] | "
-             "detectable (80% power) | called |", "| --- | ---: | --- | ---: | --- |"]
-    for arm, runs in arms.items():
-        differences = game_differences([(run.final.per_task, run.evals[0].per_task) for run in runs])
-        change = t_interval(differences)
-        called = ("improves" if change.lo > 0 else "worsens" if change.hi < 0
-                  else "unchanged in every game" if change.lo == change.hi == 0 else "no difference at this power")
-        lines.append(f"| {arm} | {len(runs)} | {points(change)} points | "
-                     f"{detectable_cell(detectable_effect(differences))} | {called} |")
+    lines = [*CHANGE_HEADER, *(change_row(arm, runs) for arm, runs in arms.items())]
     chat, history = arms["chat"], arms["history_block"]
     if chat and history:
         lines += ["", f"chat minus history_block after (per game averaged over the seeds both ran): "

@@ -460,8 +460,55 @@ def test_the_smollm2_chat_tables_pair_before_and_after_by_game(tmp_path):
     assert "| chat | 0 | 33% -> 67% | 20.0 -> 15.0 | 15.0% | 15 | 6 / 3 / 4 | 20 | 2048 |" in text
     assert "| history_block | 1 | 33% -> 33% |" in text
     assert "| chat | 2 | +50.0 [-74.2, +174.2] points | 154.8 | no difference at this power |" in text
-    assert "| history_block | 2 | +0.0 [+0.0, +0.0] points | - (no spread) | unchanged in every game |" in text
+    assert "| history_block | 2 | +0.0 [+0.0, +0.0] points | - (no spread) | unchanged in every task |" in text
     assert "chat minus history_block after (per game averaged over the seeds both ran): **+50.0 [-74.2, +174.2] points**" in text
+
+
+def test_the_screen_reader_distill_page_reports_each_gate_then_pairs_by_goal(tmp_path):
+    """Two seeds, goals a, b, c, worked by hand. The S = 16 build fails its gate and S = 4 passes;
+    both are reported, most steps first. Before (0, 0, 1) in both seeds; after seed 0 (1, 0, 1), seed 1
+    (0, 0, 1): per goal averaged over the seeds 0.5, 0, 0; mean 0.1667, sd 0.288675, half-width
+    4.303 x 0.288675 / sqrt 3 = 0.7172 -> +16.7 [-55.0, +88.4] points, detectable (4.303 + 1.061) x
+    0.288675 / sqrt 3 = 89.4. Per run (3 steps): step time 10, 20, 30 s (median 20), rollout 4, a probe
+    of 6, 8 (6), teacher 1, 2, 3 (2), update 2 + 1, 4 + 1, 6 + 2 (5); held-out invalid actions 40.0% ->
+    25.0% (seed 1's records predate the rate: n/a), mean turns 15.0 -> 12.5."""
+    from screen_reader_distill import SWEEP, page
+
+    assert page(tmp_path).startswith("No gate saved")
+
+    def gate(steps, student, passes):
+        lead = {"tasks": 3, "teacher": 66.7, "student": student, "lead_points": 66.7 - student,
+                "interval": [10.0, 90.0], "min_points": 10.0}
+        (tmp_path / f"gate-s{steps}.json").write_text(json.dumps({"passes": passes, "envs": {"webshop_screenshot": {"lead": lead}}}))
+
+    def run(seed, after, invalid):
+        folder = tmp_path / "runs" / f"{SWEEP}-turnopd-s{seed}"
+        folder.mkdir(parents=True)
+        records = [{"kind": "start", "name": folder.name, "method": "turnopd", "seed": seed, "total_steps": 3,
+                    "resumed_from_step": 0}]
+        records += [{"kind": "train", "step": step, "train_time_s": 10.0 * step, "step_time_s": 10.0 * step,
+                     "phases": {("probe" if step == 2 else "rollout"): 2.0 + 2 * step, "train": 5.0},
+                     "train_parts": {"teacher": float(step), "forward_backward": 2.0 * step, "optimizer": float(step // 3 + 1)}}
+                    for step in (1, 2, 3)]
+        records += [{"kind": "eval", "step": step, "train_time_s": 10.0 * step, "split": "test", "k": 1,
+                     "avg_at_k": sum(scores) / 3, "per_task": dict(zip("abc", scores, strict=True)), "mean_turns": turns,
+                     **({"invalid_action_rate": rate} if rate is not None else {})}
+                    for step, scores, turns, rate in ((0, (0.0, 0.0, 1.0), 15.0, invalid[0]), (3, after, 12.5, invalid[1]))]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    gate(4, 0.0, True)
+    gate(16, 60.0, False)
+    run(0, (1.0, 0.0, 1.0), (0.4, 0.25))
+    run(1, (0.0, 0.0, 1.0), (None, None))
+    text = page(tmp_path)
+    lines = text.splitlines()
+    assert lines[0].startswith("Student S = 16 SFT steps. Gate (`turnopd teacher lead`, 3 held-out goals)")
+    assert lines[0].endswith("fails: the comparison shows nothing.") and lines[1].endswith("passes.")
+    assert "| 0 | 33% -> 67% | 40.0% -> 25.0% | 15.0 -> 12.5 | 20 | 6 / 2 / 5 |" in text
+    assert "| 1 | 33% -> 33% | n/a -> n/a | 15.0 -> 12.5 |" in text
+    assert "| TurnOPD | 2 | +16.7 [-55.0, +88.4] points | 89.4 | no difference at this power |" in text
+    (tmp_path / "gate-s4.json").unlink()  # no build passed: the page stops at the gates
+    assert page(tmp_path).count("\n") == 0
 
 
 def test_the_screen_reader_table_by_hand():
