@@ -33,7 +33,6 @@ from frontier_alfworld import (
     gated_page_main,
     step_median,
 )
-from record import gate_line
 
 RESULTS = Path(__file__).parent / "results" / "screen_reader"
 SWEEP = "screen_reader"  # the sweep's --name: its runs are screen_reader-turnopd-s<seed>
@@ -46,6 +45,7 @@ def gates(results: Path) -> list[tuple[int, dict]]:
 
 
 def share(rate: float | None) -> str:
+    """A rate (0..1) in percent; n/a for a record from before it was kept."""
     return "n/a" if rate is None else f"{100 * rate:.1f}%"
 
 
@@ -64,14 +64,33 @@ def per_run_table(runs: list) -> list[str]:
     return lines
 
 
+def gate_table(tried: list[tuple[int, dict]]) -> list[str]:
+    """One row per student build tried: both players' greedy Avg@1, invalid actions and mean turns on
+    the held-out goals, and the lead paired by goal against the bar."""
+    lines = ["| student build | goals | teacher: Avg@1 / invalid actions / mean turns | student: Avg@1 / invalid "
+             "actions / mean turns | lead (points) [t 95% over goals] | teacher / student ahead | passes |",
+             "| --- | ---: | --- | --- | --- | ---: | --- |"]
+    for steps, gate in tried:
+        env = next(iter(gate["envs"].values()))
+        lead = env["lead"]
+        teacher, student = (f"{share(env[who]['avg_at_k'])} / {share(env[who].get('invalid_action_rate'))} / "
+                            f"{env[who]['mean_turns']:.1f}" for who in ("teacher", "student"))
+        lines.append(f"| S = {steps} SFT steps | {lead['tasks']} | {teacher} | {student} | {lead['lead_points']:+.1f} "
+                     f"[{lead['interval'][0]:+.1f}, {lead['interval'][1]:+.1f}] | {lead['teacher_ahead']} / "
+                     f"{lead['student_ahead']} | {'yes' if gate['passes'] else 'no'} (bar {lead['min_points']:g}) |")
+    return lines
+
+
 def page(results: Path = RESULTS) -> str:
     """Each build's gate; when one passed and runs are saved, each run's figures and the primary row."""
     tried = gates(results)
     if not tried:
         return f"No gate saved in {results} yet: the student has not been built and checked."
-    lines = [f"Student S = {steps} SFT steps. {gate_line(gate, 'held-out goals')}" for steps, gate in tried]
+    lines = gate_table(tried)
     runs = sorted((r for r in complete_runs(results / "runs") if r.name.startswith(f"{SWEEP}-")), key=lambda r: r.seed)
-    if any(gate["passes"] for _, gate in tried) and runs:
+    if not any(gate["passes"] for _, gate in tried):
+        lines += ["", "No build passed the gate: the comparison shows nothing, so no distillation runs."]
+    elif runs:
         lines += ["", *per_run_table(runs), "", *CHANGE_HEADER, change_row("TurnOPD", runs)]
     return "\n".join(lines)
 

@@ -466,7 +466,7 @@ def test_the_smollm2_chat_tables_pair_before_and_after_by_game(tmp_path):
 
 def test_the_screen_reader_distill_page_reports_each_gate_then_pairs_by_goal(tmp_path):
     """Two seeds, goals a, b, c, worked by hand. The S = 16 build fails its gate and S = 4 passes;
-    both are reported, most steps first. Before (0, 0, 1) in both seeds; after seed 0 (1, 0, 1), seed 1
+    both are reported, most steps first (the teacher's 4.25 turns print as 4.2: round half to even). Before (0, 0, 1) in both seeds; after seed 0 (1, 0, 1), seed 1
     (0, 0, 1): per goal averaged over the seeds 0.5, 0, 0; mean 0.1667, sd 0.288675, half-width
     4.303 x 0.288675 / sqrt 3 = 0.7172 -> +16.7 [-55.0, +88.4] points, detectable (4.303 + 1.061) x
     0.288675 / sqrt 3 = 89.4. Per run (3 steps): step time 10, 20, 30 s (median 20), rollout 4, a probe
@@ -478,8 +478,11 @@ def test_the_screen_reader_distill_page_reports_each_gate_then_pairs_by_goal(tmp
 
     def gate(steps, student, passes):
         lead = {"tasks": 3, "teacher": 66.7, "student": student, "lead_points": 66.7 - student,
-                "interval": [10.0, 90.0], "min_points": 10.0}
-        (tmp_path / f"gate-s{steps}.json").write_text(json.dumps({"passes": passes, "envs": {"webshop_screenshot": {"lead": lead}}}))
+                "interval": [10.0, 90.0], "teacher_ahead": 2, "student_ahead": 0, "min_points": 10.0}
+        players = {"teacher": {"avg_at_k": 2 / 3, "mean_turns": 4.25, "invalid_action_rate": 0.125},
+                   "student": {"avg_at_k": student / 100, "mean_turns": 15.0}}  # a record from before the rate
+        (tmp_path / f"gate-s{steps}.json").write_text(
+            json.dumps({"passes": passes, "envs": {"webshop_screenshot": {"lead": lead, **players}}}))
 
     def run(seed, after, invalid):
         folder = tmp_path / "runs" / f"{SWEEP}-turnopd-s{seed}"
@@ -501,14 +504,23 @@ def test_the_screen_reader_distill_page_reports_each_gate_then_pairs_by_goal(tmp
     run(0, (1.0, 0.0, 1.0), (0.4, 0.25))
     run(1, (0.0, 0.0, 1.0), (None, None))
     text = page(tmp_path)
-    lines = text.splitlines()
-    assert lines[0].startswith("Student S = 16 SFT steps. Gate (`turnopd teacher lead`, 3 held-out goals)")
-    assert lines[0].endswith("fails: the comparison shows nothing.") and lines[1].endswith("passes.")
+    assert ("| S = 16 SFT steps | 3 | 66.7% / 12.5% / 4.2 | 60.0% / n/a / 15.0 | +6.7 [+10.0, +90.0] | 2 / 0 | no (bar 10) |\n"
+            "| S = 4 SFT steps | 3 | 66.7% / 12.5% / 4.2 | 0.0% / n/a / 15.0 | +66.7 [+10.0, +90.0] | 2 / 0 | yes (bar 10) |") in text
     assert "| 0 | 33% -> 67% | 40.0% -> 25.0% | 15.0 -> 12.5 | 20 | 6 / 2 / 5 |" in text
     assert "| 1 | 33% -> 33% | n/a -> n/a | 15.0 -> 12.5 |" in text
     assert "| TurnOPD | 2 | +16.7 [-55.0, +88.4] points | 89.4 | no difference at this power |" in text
-    (tmp_path / "gate-s4.json").unlink()  # no build passed: the page stops at the gates
-    assert page(tmp_path).count("\n") == 0
+    (tmp_path / "gate-s4.json").unlink()  # no build passed: the page says so and stops at the gates
+    assert page(tmp_path).endswith("| no (bar 10) |\n\nNo build passed the gate: the comparison shows nothing, so no "
+                                   "distillation runs.")
+
+
+def test_the_screen_reader_results_page_is_its_saved_gates():
+    from screen_reader_distill import page
+
+    text = (BENCHMARKS.parent / "docs" / "results" / "2026-12-07-screen-reader.md").read_text()
+    generated = text.split("(checked by tests/test_benchmark_records.py) -->\n")[1].split("\n<!-- end generated -->")[0]
+    assert generated == page()
+    assert "| S = 4 SFT steps | 100 | 14.0% / 26.5% / 4.3 | 0.0% / 100.0% / 15.0 | +14.0 [+7.2, +20.8] |" in generated
 
 
 def test_the_screen_reader_table_by_hand():
