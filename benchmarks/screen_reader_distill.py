@@ -6,8 +6,9 @@ docs/results/screen-reader-design.md): the page's tables from the saved gates an
     # each other build tried: its S in the student's folder, overrides and file name
     ... student.path=~/.cache/turnopd/models/webshop-reader-student-sft16 \\
         'student.prepare_options.overrides=[trainer.steps=16]' -o benchmarks/results/screen_reader/gate-s16.json
-    VLLM_CPU_KVCACHE_SPACE=4 turnopd sweep recipes/webshop/screen_reader.yaml --methods turnopd --seeds 3 \\
-        --name screen_reader --out-dir runs/screen_reader policy.backend=vllm policy.max_batch_size=50 checkpoint.every=4
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 VLLM_CPU_KVCACHE_SPACE=4 \\
+        turnopd sweep recipes/webshop/screen_reader.yaml --methods turnopd --seeds 3 --name screen_reader \\
+        --out-dir runs/screen_reader policy.backend=vllm policy.max_batch_size=50 checkpoint.every=4
     python benchmarks/screen_reader_distill.py --save runs/screen_reader   # copy the complete runs here
     python benchmarks/screen_reader_distill.py                             # the page's tables
 
