@@ -307,9 +307,17 @@ def change_row(arm: str, runs: list) -> str:
             f"{called} |")
 
 
-def step_median(run, value) -> float:
-    """The median over a run's train records of value(record)."""
-    return statistics.median(value(r) for r in run.train)
+def step_time_cells(run) -> str:
+    """A run's step time and its phases in seconds, medians over its steps, as table cells:
+    `step | rollout / teacher / update` (rollout with the depth controller's probes, update the
+    forward-backward and the optimizer)."""
+    def median(value) -> float:
+        return statistics.median(value(r) for r in run.train)
+
+    return (f"{median(lambda r: r.step_time_s):.0f} | "
+            f"{median(lambda r: r.phases.get('rollout', 0.0) + r.phases.get('probe', 0.0)):.0f} / "
+            f"{median(lambda r: r.train_parts.get('teacher', 0.0)):.0f} / "
+            f"{median(lambda r: r.train_parts.get('forward_backward', 0.0) + r.train_parts.get('optimizer', 0.0)):.0f}")
 
 
 def eval_records(run) -> tuple[dict, dict]:

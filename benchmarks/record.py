@@ -128,10 +128,10 @@ def points(value: dict[str, float], unit: str = "pts") -> str:
     return f"{100 * value['value']:+.1f} {unit} [{100 * value['lo']:+.1f}, {100 * value['hi']:+.1f}]"
 
 
-def gate_line(gate: dict, tasks: str = "held-out games") -> str:
+def gate_line(gate: dict) -> str:
     """`turnopd teacher lead`'s report (its -o JSON) as the page's first line: the lead and the verdict."""
     lead = next(iter(gate["envs"].values()))["lead"]
-    return (f"Gate (`turnopd teacher lead`, {lead['tasks']} {tasks}): teacher {lead['teacher']:.1f}%, "
+    return (f"Gate (`turnopd teacher lead`, {lead['tasks']} held-out games): teacher {lead['teacher']:.1f}%, "
             f"student {lead['student']:.1f}%, lead {lead['lead_points']:+.1f} points "
             f"[{lead['interval'][0]:+.1f}, {lead['interval'][1]:+.1f}] against the bar of {lead['min_points']:.0f}: "
             f"{'passes' if gate['passes'] else 'fails: the comparison shows nothing'}.")

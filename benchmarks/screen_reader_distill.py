@@ -32,7 +32,7 @@ from frontier_alfworld import (
     complete_runs,
     eval_records,
     gated_page_main,
-    step_median,
+    step_time_cells,
 )
 
 RESULTS = Path(__file__).parent / "results" / "screen_reader"
@@ -58,10 +58,7 @@ def per_run_table(runs: list) -> list[str]:
         lines.append(
             f"| {run.seed} | {100 * run.evals[0].avg_at_k:.0f}% -> {100 * run.final.avg_at_k:.0f}% | "
             f"{share(before.get('invalid_action_rate'))} -> {share(after.get('invalid_action_rate'))} | "
-            f"{before['mean_turns']:.1f} -> {after['mean_turns']:.1f} | {step_median(run, lambda r: r.step_time_s):.0f} | "
-            f"{step_median(run, lambda r: r.phases.get('rollout', 0.0) + r.phases.get('probe', 0.0)):.0f} / "
-            f"{step_median(run, lambda r: r.train_parts.get('teacher', 0.0)):.0f} / "
-            f"{step_median(run, lambda r: r.train_parts.get('forward_backward', 0.0) + r.train_parts.get('optimizer', 0.0)):.0f} |")
+            f"{before['mean_turns']:.1f} -> {after['mean_turns']:.1f} | {step_time_cells(run)} |")
     return lines
 
 

@@ -34,7 +34,7 @@ from frontier_alfworld import (
     eval_records,
     gated_page_main,
     points,
-    step_median,
+    step_time_cells,
 )
 from record import gate_line
 
@@ -55,13 +55,10 @@ def per_run_table(arms: dict[str, list]) -> list[str]:
     for arm, runs in arms.items():
         for run in runs:
             before, after = (r["mean_turns"] for r in eval_records(run))
-            rollout = step_median(run, lambda r: r.phases.get("rollout", 0.0) + r.phases.get("probe", 0.0))
-            teacher = step_median(run, lambda r: r.train_parts.get("teacher", 0.0))
-            update = step_median(run, lambda r: r.train_parts.get("forward_backward", 0.0) + r.train_parts.get("optimizer", 0.0))
             lines.append(
                 f"| {arm} | {run.seed} | {100 * run.evals[0].avg_at_k:.0f}% -> {100 * run.final.avg_at_k:.0f}% | "
                 f"{before:.1f} -> {after:.1f} | {100 * statistics.fmean(r.invalid_action_rate for r in run.train):.1f}% | "
-                f"{step_median(run, lambda r: r.step_time_s):.0f} | {rollout:.0f} / {teacher:.0f} / {update:.0f} | "
+                f"{step_time_cells(run)} | "
                 f"{sum(r.tokens_scored for r in run.train) / max(1, sum(r.env_steps for r in run.train)):.0f} | "
                 f"{run.train[-1].peak_memory_mib.get('host', float('nan')):.0f} |")
     return lines
